@@ -1,0 +1,207 @@
+"""TOML job file -> frozen, validated dataclasses.
+
+Everything that can be checked without data is checked here, before any rank trains: unknown
+sections and keys, types, choices, and the algorithm's own parameters. Every error names the key
+path and the valid choices. `--set a.b=value` overrides use TOML value syntax (`0.05`, `"adam"`,
+`[1, 2]`); a bare word is taken as a string.
+"""
+import copy
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from hpcfl.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    study: str = "default"          # results go to <results_root>/<study>/<name>.h5
+    name: str = ""                  # default: <algorithm>-<partition>-seed<seed>
+    seed: int = 0
+    rounds: int = 10
+    results_root: str = "results"
+    device: str = "auto"            # auto | cpu | cuda
+    threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on CPU)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "fashion_mnist"
+    root: str = ""                  # "" -> --data-root, then $HPCFL_DATA, then /usr/share/datasets
+    num_clients: int = 20
+    partition: str = "iid"
+    partition_params: dict = field(default_factory=dict)
+    min_samples: int = 10
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "fmnist_cnn"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    clients_per_round: int = 10
+    local_epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "sgd"          # sgd | adam
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    name: str = "fedavg"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1                  # evaluate the global model every k rounds (and at the last)
+    batch_size: int = 1000
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @property
+    def run_name(self) -> str:
+        return self.run.name or f"{self.algorithm.name}-{self.data.partition}-seed{self.run.seed}"
+
+    @property
+    def result_path(self) -> Path:
+        return Path(self.run.results_root) / self.run.study / f"{self.run_name}.h5"
+
+
+CHOICES = {
+    "run.device": ("auto", "cpu", "cuda"),
+    "train.optimizer": ("sgd", "adam"),
+}
+POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
+            "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads"}
+NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay"}
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'train.lr=0.05' -> (['train', 'lr'], 0.05)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override '{text}' is not KEY=VALUE (e.g. --set train.lr=0.05)")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    raw = copy.deepcopy(raw)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = raw
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{text}': '{part}' is a value, not a section")
+        node[path[-1]] = value
+    return raw
+
+
+def _coerce(path: str, value: Any, kind: type) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} must be a table (e.g. [{path}]), got {value!r}")
+        return value
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{path} must be of type {kind.__name__}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _build(cls, raw: Any, path: str):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{path}] must be a table, got {raw!r}")
+    hints, names = get_type_hints(cls), [f.name for f in fields(cls)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        where = f"[{path}]" if path else "the job file"
+        raise ConfigError(f"unknown key(s) {unknown} in {where}; valid: {names}")
+    values = {}
+    for name in names:
+        if name not in raw:
+            continue
+        key = f"{path}.{name}" if path else name
+        kind = hints[name]
+        values[name] = _build(kind, raw[name], key) if dataclasses.is_dataclass(kind) else _coerce(key, raw[name], kind)
+    return cls(**values)
+
+
+def _check_values(job: JobConfig) -> None:
+    flat = {f"{s}.{k}": v for s, section in job.to_dict().items() for k, v in section.items()}
+    for key, valid in CHOICES.items():
+        if flat[key] not in valid:
+            raise ConfigError(f"{key} = {flat[key]!r} is not valid; choose one of {list(valid)}")
+    for key in POSITIVE:
+        if flat[key] <= 0:
+            raise ConfigError(f"{key} = {flat[key]!r} must be > 0")
+    for key in NON_NEGATIVE:
+        if flat[key] < 0:
+            raise ConfigError(f"{key} = {flat[key]!r} must be >= 0")
+    if job.train.clients_per_round > job.data.num_clients:
+        raise ConfigError(f"train.clients_per_round = {job.train.clients_per_round} exceeds "
+                          f"data.num_clients = {job.data.num_clients}; lower it or add clients")
+    for key in ("run.study", "run.name"):
+        text = flat[key]
+        if "/" in text or "\\" in text or text.startswith(".") or text != text.strip():
+            raise ConfigError(f"{key} = {text!r} must be a plain name (no '/', no leading '.')")
+
+
+def _check_registries(job: JobConfig) -> None:
+    # Imported here: the registries pull in torch, which config parsing alone does not need.
+    from hpcfl.algorithms import ALGORITHMS, algorithm_params
+    from hpcfl.data.datasets import DATASETS
+    from hpcfl.data.partition import check_params
+    from hpcfl.models import MODELS
+
+    for key, name, registry in (("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
+                                ("algorithm.name", job.algorithm.name, ALGORITHMS)):
+        if name not in registry:
+            raise ConfigError(f"{key} = {name!r} is unknown; valid: {sorted(registry)}")
+    check_params(job.data.partition, job.data.partition_params)
+    algorithm_params(job.algorithm.name, job.algorithm.params)
+
+
+def load_job(path: str | Path, overrides: list[str] = ()) -> JobConfig:
+    """Read, override and validate a job file; raises ConfigError naming the key and the fix."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"job file {path} does not exist; pass the path of a TOML job file (see jobs/)") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"job file {path} is not valid TOML: {err}") from None
+    return job_from_dict(apply_overrides(raw, list(overrides)))
+
+
+def job_from_dict(raw: dict) -> JobConfig:
+    job = _build(JobConfig, raw, "")
+    _check_values(job)
+    _check_registries(job)
+    return job

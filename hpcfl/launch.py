@@ -1,0 +1,107 @@
+"""Run one federated-learning job: `[mpirun -np N] python -m hpcfl.launch JOB.toml [options]`.
+
+Without a launcher, one process is the server and hosts every client. Under mpirun/srun, rank 0
+is the server and ranks >= 1 host the clients. Exit status: 0 done; 2 bad input (config, data,
+result path: reported before any rank trains); 1 a failure during training, after which every
+rank is stopped (MPI_Abort) so the job never hangs.
+"""
+import argparse
+import os
+import socket
+import sys
+import traceback
+
+from hpcfl.errors import HpcflError
+
+# Set by mpiexec (Hydra: PMI_*; Open MPI: OMPI_*; PMIx) or by srun for a step of several tasks.
+_LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcfl.launch",
+        description="Run a federated-learning job described by a TOML job file (see jobs/). "
+                    "Without mpirun one process does everything; with `mpirun -np N`, rank 0 is the "
+                    "server and ranks 1..N-1 host the clients. Same seed, same numbers, any N.",
+        epilog="Exit status: 0 done, 2 bad input (nothing trained), 1 failure during training.")
+    parser.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any job-file key with a TOML value, e.g. --set train.lr=0.05 "
+                             "--set data.partition_params.beta=0.1 --set run.name='\"trial-3\"' (repeatable)")
+    parser.add_argument("--data-root", default=None,
+                        help="folder with the datasets (default: data.root, then $HPCFL_DATA, then "
+                             "/usr/share/datasets where Debian's dataset-fashion-mnist installs)")
+    parser.add_argument("--results-root", default=None, help="overrides run.results_root (default 'results')")
+    parser.add_argument("--check", action="store_true", help="validate the job file, print it resolved, and exit")
+    return parser.parse_args(argv)
+
+
+def make_transport():
+    """LocalTransport in one process; MpiTransport when a launcher started several ranks."""
+    from hpcfl.transport import LocalTransport
+
+    if not any(v in os.environ for v in _LAUNCHER_VARS) and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1:
+        return LocalTransport({}), 0
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
+    if world.Get_size() == 1 and tasks > 1:
+        raise HpcflError(f"SLURM started {tasks} tasks but MPI sees a world of 1: srun ran without an MPI plugin, "
+                         "so each task would train alone. Fix: `srun --mpi=pmi2 ...` (or set MpiDefault=pmi2), "
+                         "or run `mpiexec python -m hpcfl.launch ...` inside the allocation")
+    if world.Get_size() == 1:
+        return LocalTransport({}), 0
+    from hpcfl.transport.mpi import MpiTransport
+
+    return MpiTransport({}, world), world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+
+
+def _abort(transport, err: BaseException) -> None:
+    """Print the failure with rank and host in one write, then end every rank."""
+    rank = getattr(transport, "rank", 0)
+    text = "".join(traceback.format_exception(err))
+    sys.stderr.write(f"hpcfl: rank {rank} on {socket.gethostname()} failed:\n{text}")
+    sys.stderr.flush()
+    if getattr(transport, "size", 1) > 1:
+        transport.comm.Abort(1)
+    sys.exit(1)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from hpcfl.config import load_job
+
+    overrides = args.overrides + ([f"run.results_root={args.results_root!r}"] if args.results_root else [])
+    transport = None
+    try:
+        config = load_job(args.job, overrides)
+        if args.check:
+            print(config.to_json())
+            return 0
+        transport, local_rank = make_transport()
+        from hpcfl.runtime.job import run, setup
+
+        log = (lambda text: print(text, flush=True)) if transport.is_server else (lambda text: None)
+        job = setup(config, transport, args.data_root, local_rank, log)
+    except HpcflError as err:
+        if transport is None or transport.is_server:
+            sys.stderr.write(f"hpcfl: error: {err}\n")
+        return 2
+    try:
+        run(job, log)
+    except BaseException as err:          # noqa: BLE001 — any failure must end every rank
+        if job.recorder:
+            job.recorder.set_attr("status", "failed")
+            job.recorder.close()
+        _abort(transport, err)
+    if job.recorder:
+        job.recorder.set_attr("status", "completed")
+        job.recorder.close()
+        log(f"hpcfl: wrote {config.result_path}")
+    transport.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

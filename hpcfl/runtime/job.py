@@ -1,0 +1,209 @@
+"""One job on one transport: set-up on every rank, then the round loop.
+
+Set-up (data, partition, placement, models, result file) runs on every rank and ends with a
+collective check, so a bad input stops every rank with one clear message before anyone trains.
+The cohort schedule is drawn up front from its own generator, so every rank knows every round's
+cohort without communication; the only messages are the declared payloads and one small
+per-round report (client metrics and per-rank timings, summed onto the server).
+"""
+import json
+import socket
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hpcfl.algorithms import ALGORITHMS, algorithm_params
+from hpcfl.algorithms.base import Client, Setup
+from hpcfl.config import JobConfig
+from hpcfl.data.datasets import load_dataset, resolve_data_root
+from hpcfl.data.partition import count_matrix, partition
+from hpcfl.errors import HpcflError
+from hpcfl.metrics import Recorder
+from hpcfl.models import build_model, count_parameters
+from hpcfl.payload import Layout
+from hpcfl.runtime.placement import assign_clients, pick_device
+from hpcfl.runtime.provenance import run_attributes
+from hpcfl.runtime.server import Server
+from hpcfl.runtime.worker import Worker
+from hpcfl.seeding import numpy_rng, torch_seed
+from hpcfl.training import LocalTrainer
+from hpcfl.transport import Transport
+
+CLIENT_METRICS = ("train_loss", "steps", "num_samples")
+
+
+class SetupFailed(HpcflError):
+    """Some rank could not set up; carries every failed rank's message."""
+
+
+def cohort_schedule(seed: int, rounds: int, num_clients: int, per_round: int) -> np.ndarray:
+    """rounds x per_round sorted client ids, from one generator drawn up front."""
+    rng = numpy_rng(seed, "cohort")
+    return np.stack([np.sort(rng.choice(num_clients, per_round, replace=False)) for _ in range(rounds)])
+
+
+@dataclass
+class Job:
+    config: JobConfig
+    transport: Transport
+    algorithm: object
+    worker: Worker | None
+    server: Server | None
+    recorder: Recorder | None
+    cohorts: np.ndarray
+    num_classes: int
+
+
+def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0,
+          log=print) -> Job:
+    """Build everything on every rank; raise SetupFailed on all ranks if any rank failed."""
+    info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
+    try:
+        job = _build(config, transport, data_root, local_rank, info, log)
+    except HpcflError as err:
+        job, info["error"] = None, f"{type(err).__name__}: {err}"
+    reports = transport.share(info)
+    failed = [r["error"] if transport.size == 1 else f"rank {r['rank']} on {r['host']}: {r['error']}"
+              for r in reports if r["error"]]
+    if failed:
+        if job and job.recorder:          # this rank was fine but another was not: leave no file
+            job.recorder.close()
+            config.result_path.unlink(missing_ok=True)
+        raise SetupFailed("\n".join(failed))
+    if job.recorder:
+        attrs = run_attributes(config, reports)
+        for key, value in attrs.items():
+            job.recorder.set_attr(key, value)
+    return job
+
+
+def _build(config: JobConfig, transport: Transport, data_root, local_rank, info, log) -> Job:
+    device = pick_device(config.run.device, local_rank, log)
+    torch.set_num_threads(config.run.threads)
+    info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
+    root = resolve_data_root(data_root or config.data.root or None)
+    data = load_dataset(config.data.dataset, root)
+    labels = data.train_y.numpy()
+    parts = partition(labels, config.data.num_clients, config.data.partition, config.data.partition_params,
+                      config.run.seed, config.data.min_samples)
+    counts = count_matrix(labels, parts, data.num_classes)
+    workers = [0] if transport.size == 1 else list(range(1, transport.size))
+    transport.client_rank = assign_clients(counts.sum(1), workers)
+
+    torch.manual_seed(torch_seed(config.run.seed, "init"))
+    model = build_model(config.model.name, data.input_shape, data.num_classes).to(device)
+    setup_ = Setup(config, Layout.of(model.state_dict()), config.data.num_clients, data.num_classes, counts)
+    algorithm = ALGORITHMS[config.algorithm.name](algorithm_params(config.algorithm.name, config.algorithm.params),
+                                                  setup_)
+    worker = server = recorder = None
+    if transport.rank in workers:
+        clients = {}
+        for cid, rank in transport.client_rank.items():
+            if rank == transport.rank:
+                idx = torch.from_numpy(parts[cid])
+                clients[cid] = Client(cid, data.train_x[idx].to(device), data.train_y[idx].to(device), counts[cid])
+                clients[cid].state = algorithm.init_client_state(clients[cid])
+        worker = Worker(algorithm, clients, model, LocalTrainer(config.train, config.run.seed), device)
+    if transport.is_server:
+        server = Server(algorithm, model, data.test_x, data.test_y, data.num_classes, config.eval.batch_size, device)
+        recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
+        recorder.write_array("partition", counts)
+        recorder.write_array("placement", np.array([transport.client_rank[c] for c in range(len(parts))]))
+        sizes = counts.sum(1)
+        log(f"hpcfl: {config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
+            f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
+            f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
+            f"model {config.model.name} ({count_parameters(model):,} parameters), {transport.size} rank(s); "
+            f"results -> {config.result_path}")
+    cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
+                              config.train.clients_per_round)
+    return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes)
+
+
+def run(job: Job, log=print) -> None:
+    """The round loop, identical on every rank."""
+    cfg, transport = job.config, job.transport
+    for round in range(cfg.run.rounds):
+        start = time.perf_counter()
+        cohort = [int(c) for c in job.cohorts[round]]
+        rows = np.zeros((cfg.data.num_clients, len(CLIENT_METRICS)))
+        phase_s, bytes_down, bytes_up = {}, {}, {}
+        for phase in job.algorithm.plan(round):
+            phase_start = time.perf_counter()
+            packed = job.server.downlink(phase, round) if job.server else {}
+            downlink = {}
+            for name, layout in phase.downlink.items():
+                buf = transport.broadcast(name, packed.get(name))
+                downlink[name] = layout.unpack(torch.from_numpy(buf).to(_device(job)))
+                bytes_down[name] = bytes_down.get(name, 0) + 4 * layout.numel * len(cohort)
+            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS) if job.worker
+                    else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
+            reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
+            for name, layout in phase.uplink.items():
+                bytes_up[name] = bytes_up.get(name, 0) + 4 * layout.numel * len(cohort)
+            if job.server:
+                job.server.aggregate(phase, round, reduced)
+            phase_s[phase.name] = phase_s.get(phase.name, 0.0) + time.perf_counter() - phase_start
+        evaluation = _evaluate(job, round)
+        report = _report(job, rows)
+        if job.server:
+            _record(job, round, cohort, report, evaluation, phase_s, bytes_down, bytes_up,
+                    time.perf_counter() - start, log)
+
+
+def _device(job: Job):
+    return (job.worker or job.server).device
+
+
+def _evaluate(job: Job, round: int) -> dict:
+    """The global model's test metrics on the server, every `eval.every` rounds and at the last."""
+    cfg = job.config
+    if not job.server or not (round % cfg.eval.every == 0 or round == cfg.run.rounds - 1):
+        return {}
+    start = time.perf_counter()
+    result = job.server.evaluate()
+    return {"round/test_acc": result["acc"], "round/test_loss": result["loss"],
+            "class/test_acc": result["class_acc"], "round/eval_s": time.perf_counter() - start}
+
+
+def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
+    """Sum clients' metric rows and each rank's (compute, wait, sent, received) onto the server."""
+    transport = job.transport
+    for cid in job.worker.clients if job.worker else ():
+        rows[cid, CLIENT_METRICS.index("num_samples")] = job.worker.clients[cid].num_samples
+    stats = transport.take_stats()
+    ranks = np.zeros((transport.size, 4))
+    compute = sum(part.compute_s for part in (job.worker, job.server) if part)
+    ranks[transport.rank] = compute, stats.wait_s, sum(stats.sent.values()), sum(stats.received.values())
+    for part in (job.worker, job.server):
+        if part:
+            part.compute_s = 0.0
+    flat = transport.reduce_sum("report", np.concatenate([rows.ravel(), ranks.ravel()]))
+    return flat
+
+
+def _record(job, round, cohort, flat, evaluation, phase_s, bytes_down, bytes_up, round_s, log) -> None:
+    cfg, n = job.config, job.config.data.num_clients
+    rows = flat[:n * len(CLIENT_METRICS)].reshape(n, len(CLIENT_METRICS))
+    ranks = flat[n * len(CLIENT_METRICS):].reshape(job.transport.size, 4)
+    sampled = np.zeros(n, dtype=bool)
+    sampled[cohort] = True
+    values = {}
+    for j, key in enumerate(CLIENT_METRICS[:-1]):
+        values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)
+    samples = rows[:, CLIENT_METRICS.index("num_samples")]
+    values["round/train_loss"] = float(np.sum(rows[cohort, 0] * samples[cohort]) / np.sum(samples[cohort]))
+    values.update(evaluation)
+    values.update({f"round/bytes_down/{k}": float(v) for k, v in bytes_down.items()})
+    values.update({f"round/bytes_up/{k}": float(v) for k, v in bytes_up.items()})
+    values.update({f"round/phase_s/{k}": v for k, v in phase_s.items()})
+    for j, key in enumerate(("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes")):
+        values[f"rank/{key}"] = ranks[:, j]
+    values["round/time_s"] = round_s
+    job.recorder.append_round(round, values)
+    acc = values.get("round/test_acc")
+    text = "" if acc is None else f"test_acc {acc:.4f}  test_loss {values['round/test_loss']:.4f}  "
+    log(f"round {round + 1:>4}/{cfg.run.rounds}  {text}train_loss {values['round/train_loss']:.4f}  "
+        f"{round_s:6.2f} s")

@@ -1,0 +1,45 @@
+"""The server (rank 0): owns the global state, makes downlinks, aggregates, evaluates, records.
+
+In a one-process run rank 0 is also the only worker; the server code is the same either way.
+"""
+import time
+
+import numpy as np
+import torch
+
+from hpcfl.algorithms.base import Algorithm, Phase, load_state
+from hpcfl.training import evaluate
+
+
+class Server:
+    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, test_x, test_y, num_classes: int,
+                 eval_batch: int, device):
+        self.algorithm, self.model, self.device = algorithm, model, device
+        self.state = {k: v.to(device) for k, v in algorithm.init_server_state(model).items()}
+        self.test_x, self.test_y = test_x.to(device), test_y.to(device)
+        self.num_classes, self.eval_batch = num_classes, eval_batch
+        self.compute_s = 0.0
+
+    def downlink(self, phase: Phase, round: int) -> dict[str, np.ndarray]:
+        """The phase's broadcast payloads, each packed into one float32 buffer."""
+        start = time.perf_counter()
+        payloads = self.algorithm.downlink(phase, round, self.state)
+        out = {name: layout.pack(payloads[name], dtype=torch.float32).cpu().numpy()
+               for name, layout in phase.downlink.items()}
+        self.compute_s += time.perf_counter() - start
+        return out
+
+    def aggregate(self, phase: Phase, round: int, sums: dict[str, np.ndarray]) -> None:
+        start = time.perf_counter()
+        uplink = {name: layout.unpack(torch.from_numpy(sums[name]).to(self.device))
+                  for name, layout in phase.uplink.items()}
+        self.algorithm.aggregate(phase, round, self.state, uplink)
+        self.compute_s += time.perf_counter() - start
+
+    def evaluate(self) -> dict:
+        """Test accuracy, loss and per-class accuracy of the global model."""
+        start = time.perf_counter()
+        load_state(self.model, self.algorithm.global_state(self.state))
+        result = evaluate(self.model, self.test_x, self.test_y, self.num_classes, self.eval_batch)
+        self.compute_s += time.perf_counter() - start
+        return result

@@ -1,0 +1,41 @@
+"""A worker: the clients one rank hosts, trained one after another on one reused model instance.
+
+Each phase, the worker adds every hosted sampled client's weighted uplink into one float64 buffer
+per payload, in increasing client id order, so the reduction over ranks sees one buffer per rank.
+"""
+import time
+
+import numpy as np
+import torch
+
+from hpcfl.algorithms.base import Algorithm, Client, Phase
+
+
+class Worker:
+    def __init__(self, algorithm: Algorithm, clients: dict[int, Client], model: torch.nn.Module, trainer, device):
+        self.algorithm, self.clients, self.model, self.trainer, self.device = algorithm, clients, model, trainer, device
+        self.compute_s = 0.0
+
+    def run_phase(self, phase: Phase, round: int, cohort: list[int], downlink: dict, rows: np.ndarray,
+                  metric_names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """Train this rank's sampled clients; returns the summed uplink buffers; fills `rows` (client x metric)."""
+        start = time.perf_counter()
+        sums = {name: torch.zeros(layout.numel, dtype=torch.float64, device=self.device)
+                for name, layout in phase.uplink.items()}
+        for cid in sorted(c for c in cohort if c in self.clients):
+            client = self.clients[cid]
+            client.state = {k: v.to(self.device) for k, v in client.state.items()}
+            try:
+                contributions, metrics = self.algorithm.client_update(phase, round, client, downlink,
+                                                                      self.model, self.trainer)
+            except Exception as err:
+                err.add_note(f"hpcfl: in client {cid}, round {round}, phase '{phase.name}'")
+                raise
+            client.state = {k: v.detach().cpu() for k, v in client.state.items()}
+            for name, (tensors, weight) in contributions.items():
+                phase.uplink[name].add_into(sums[name], tensors, weight)
+            for j, key in enumerate(metric_names):
+                if key in metrics:
+                    rows[cid, j] = metrics[key]
+        self.compute_s += time.perf_counter() - start
+        return {name: buf.cpu().numpy() for name, buf in sums.items()}

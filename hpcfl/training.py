@@ -1,0 +1,73 @@
+"""Local training and evaluation loops shared by every algorithm.
+
+A client's randomness in a round (batch order, dropout, augmentation) comes from generators keyed by
+(seed, round, client), so its update is the same whichever rank trains it. Losses are accumulated on
+the device and read once per client: no host synchronisation per batch.
+"""
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcfl.config import TrainConfig
+from hpcfl.seeding import torch_generator, torch_seed
+
+ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class LocalTrainer:
+    def __init__(self, cfg: TrainConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
+
+    def optimizer(self, params) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def batches(self, n: int, round: int, client: int, device) -> list[torch.Tensor]:
+        """Index batches for all local epochs, drawn from the (seed, round, client) generator."""
+        gen = torch_generator(self.seed, "batches", round, client)
+        size = self.cfg.batch_size
+        out = []
+        for _ in range(self.cfg.local_epochs):
+            order = torch.randperm(n, generator=gen).to(device)
+            out += list(order.split(size))
+        return out
+
+    def train(self, model: nn.Module, client, round: int, extra_loss: ExtraLoss | None = None) -> dict[str, float]:
+        """E local epochs of minibatch training on the client's data; returns its mean train loss."""
+        torch.manual_seed(torch_seed(self.seed, "client", round, client.id))   # dropout & co.
+        model.train()
+        opt = self.optimizer(model.parameters())
+        total = torch.zeros((), device=client.y.device)
+        batches = self.batches(client.num_samples, round, client.id, client.y.device)
+        for idx in batches:
+            x, y = client.x[idx], client.y[idx]
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model, x, y, out)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.detach() * y.shape[0]
+        seen = sum(int(i.shape[0]) for i in batches)
+        return {"train_loss": float(total) / seen, "steps": float(len(batches))}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int) -> dict:
+    """Accuracy, mean cross-entropy and per-class accuracy of `model` on (x, y)."""
+    model.eval()
+    correct = torch.zeros(num_classes, device=y.device)
+    loss = torch.zeros((), device=y.device)
+    for start in range(0, y.shape[0], batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        out = model(xb)
+        loss += F.cross_entropy(out, yb, reduction="sum")
+        correct += torch.bincount(yb[out.argmax(1) == yb], minlength=num_classes)
+    per_class = torch.bincount(y, minlength=num_classes).clamp(min=1)
+    return {"acc": float(correct.sum()) / y.shape[0], "loss": float(loss) / y.shape[0],
+            "class_acc": (correct / per_class).cpu().numpy()}

@@ -1,0 +1,77 @@
+"""The transport contract: four collectives on flat NumPy buffers, with byte and wait accounting.
+
+Rank 0 is the server; ranks >= 1 are workers hosting clients (one process: rank 0 hosts them all).
+Every method is collective: every rank calls it, in the same order, even with nothing to send.
+Algorithms never see this layer; the runtime turns declared payloads into these calls.
+
+- `broadcast`: server -> every rank (the downlink model, anchors, pairings).
+- `reduce_sum`: float64 sum over ranks onto the server (weighted averaging, anchor sums).
+- `gather` / `scatter`: per-client buffers to / from the server (FedMA layers and assignments).
+- `exchange`: swap buffers between paired clients (FedCME classifiers).
+"""
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class TransportStats:
+    """What this rank moved and waited for since the last `take_stats`."""
+
+    sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))       # bytes by payload name
+    received: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    wait_s: float = 0.0                                                           # blocked in collectives
+
+
+class Transport:
+    rank: int = 0
+    size: int = 1
+
+    def __init__(self, client_rank: dict[int, int]):
+        self.client_rank = dict(client_rank)      # client id -> rank hosting it; fixed for the run
+        self.stats = TransportStats()
+
+    @property
+    def is_server(self) -> bool:
+        return self.rank == 0
+
+    def take_stats(self) -> TransportStats:
+        stats, self.stats = self.stats, TransportStats()
+        return stats
+
+    def broadcast(self, name: str, array: np.ndarray | None) -> np.ndarray:
+        """The server's `array` on every rank (read-only: it may be shared in one process)."""
+        raise NotImplementedError
+
+    def reduce_sum(self, name: str, array: np.ndarray) -> np.ndarray | None:
+        """Element-wise float64 sum of every rank's `array` (same size everywhere) on the server."""
+        raise NotImplementedError
+
+    def gather(self, name: str, items: dict[int, np.ndarray]) -> dict[int, np.ndarray] | None:
+        """Per-client buffers of every rank, collected on the server (None elsewhere)."""
+        raise NotImplementedError
+
+    def scatter(self, name: str, items: dict[int, np.ndarray] | None, clients: list[int]) -> dict[int, np.ndarray]:
+        """Server's `items[c]` delivered to the rank hosting client c; `clients` are this rank's receivers."""
+        raise NotImplementedError
+
+    def exchange(self, name: str, pairs: list[tuple[int, int]], items: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """For each pair (a, b): a receives b's buffer and b receives a's. `items` holds this rank's paired clients."""
+        raise NotImplementedError
+
+    def share(self, info: dict) -> list[dict]:
+        """Every rank's small `info` dict (host, device, setup error), in rank order. Setup only."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def swap_in_memory(pairs: list[tuple[int, int]], items: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """The exchange for pairs whose partners both live in this process."""
+    out = {}
+    for a, b in pairs:
+        if a in items and b in items:
+            out[a], out[b] = items[b], items[a]
+    return out

@@ -1,0 +1,189 @@
+"""Result files: round trip, refusals, and readability while written and after SIGKILL."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from hpcfl.errors import ResultsError
+from hpcfl.metrics import SCHEMA_VERSION, Recorder, read_run
+
+REPO = Path(__file__).resolve().parents[2]
+ATTRS = {
+    "name": "run1",
+    "seed": 3,
+    "lr": 0.1,
+    "resumed": False,
+    "config": {"fl": {"rounds": 4, "clients": [1, 2]}, "model": "cnn"},
+    "hosts": ["node1", "node2"],
+}
+
+
+def write_run(path: Path) -> None:
+    partition = np.arange(12, dtype=np.int64).reshape(4, 3)
+    with Recorder.create(path, ATTRS) as rec:
+        rec.write_array("partition", partition)
+        for r in range(4):
+            values = {
+                "round/test_acc": r / 10,
+                "client/train_loss": np.array([r, np.nan, r + 0.5, np.nan]),
+                "class/test_acc": np.full(3, r / 2, dtype=np.float32),
+            }
+            if r != 3:
+                values["client/samples"] = np.array([r, 2 * r, 0, 1])
+            if r >= 2:
+                values["round/bytes_up/model"] = 1000 * r
+            rec.append_round(r, values)
+        rec.set_attr("status", "completed")
+        rec.close()  # closing twice is harmless
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "results" / "study" / "run1.h5"
+    write_run(path)
+    run = read_run(path)
+
+    assert run.rounds == 4
+    for name, value in ATTRS.items():
+        assert run.attrs[name] == value and type(run.attrs[name]) is type(value)
+    assert run.attrs["status"] == "completed"
+    assert run.attrs["schema_version"] == SCHEMA_VERSION and run.attrs["created"]
+
+    a = run.arrays
+    np.testing.assert_array_equal(a["partition"], np.arange(12).reshape(4, 3))
+    np.testing.assert_array_equal(a["round/test_acc"], [0.0, 0.1, 0.2, 0.3])
+    assert a["round/test_acc"].dtype == np.float64
+    np.testing.assert_array_equal(a["client/train_loss"][2], [2, np.nan, 2.5, np.nan])
+    assert a["client/train_loss"].shape == (4, 4)
+    assert a["class/test_acc"].dtype == np.float64
+    np.testing.assert_array_equal(a["class/test_acc"][:, 0], [0, 0.5, 1, 1.5])
+    # First seen at round 2: NaN backfill; an int key missing in round 3: 0.
+    np.testing.assert_array_equal(a["round/bytes_up/model"], [np.nan, np.nan, 2000, 3000])
+    assert a["client/samples"].dtype == np.int64
+    np.testing.assert_array_equal(a["client/samples"], [[0, 0, 0, 1], [1, 2, 0, 1], [2, 4, 0, 1], [0, 0, 0, 0]])
+
+
+def test_missing_float_key_reads_nan(tmp_path):
+    with Recorder.create(tmp_path / "r.h5", {}) as rec:
+        rec.append_round(0, {"round/loss": 1.0, "round/acc": 0.5})
+        rec.append_round(1, {"round/acc": 0.6})
+    run = read_run(tmp_path / "r.h5")
+    np.testing.assert_array_equal(run.arrays["round/loss"], [1.0, np.nan])
+
+
+def test_rounds_out_of_order_and_changed_shape_are_refused(tmp_path):
+    path = tmp_path / "r.h5"
+    with Recorder.create(path, {}) as rec:
+        with pytest.raises(ResultsError, match="expected 0, got 1"):
+            rec.append_round(1, {"round/acc": 0.5})
+        rec.append_round(0, {"client/loss": np.zeros(4)})
+        with pytest.raises(ResultsError, match="expected 1, got 0"):
+            rec.append_round(0, {"client/loss": np.zeros(4)})
+        with pytest.raises(ResultsError, match="client/loss"):
+            rec.append_round(1, {"client/loss": np.zeros(5)})
+    assert read_run(path).rounds == 1  # the refused round was not committed
+
+
+def test_existing_file_is_never_overwritten(tmp_path):
+    path = tmp_path / "run1.h5"
+    write_run(path)
+    before = path.read_bytes()
+    with pytest.raises(ResultsError) as err:
+        Recorder.create(path, {"name": "other"})
+    assert str(path) in str(err.value) and "run.name" in str(err.value)
+    assert path.read_bytes() == before
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from hpcfl.metrics import Recorder
+    rec = Recorder.create(sys.argv[1], {"name": "live"})
+    for r in range(100):
+        rec.append_round(r, {"round/acc": r / 100, "client/loss": np.arange(1000) + r})
+        print(r, flush=True)
+        sys.stdin.readline()  # keep the file open until the test says go on
+    """
+)
+
+
+def test_readable_while_open_and_after_sigkill(tmp_path):
+    path = tmp_path / "live.h5"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        for r in range(3):
+            assert writer.stdout.readline().strip() == str(r)
+            with h5py.File(path, "r") as f:  # default arguments, writer alive and holding the file
+                committed = int(f.attrs["committed_rounds"])
+                assert committed == r + 1
+                np.testing.assert_array_equal(f["client/loss"][r], np.arange(1000) + r)
+            writer.stdin.write("\n")
+            writer.stdin.flush()
+        assert writer.stdout.readline().strip() == "3"
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=10)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert writer.returncode == -signal.SIGKILL
+
+    with h5py.File(path, "r") as f:
+        assert f.attrs["committed_rounds"] == 4
+    run = read_run(path)
+    assert run.rounds == 4 and run.attrs["name"] == "live"
+    np.testing.assert_array_equal(run.arrays["round/acc"], [0, 0.01, 0.02, 0.03])
+    np.testing.assert_array_equal(run.arrays["client/loss"], np.arange(1000) + np.arange(4)[:, None])
+
+
+def test_corrupt_files_are_refused(tmp_path):
+    noise = tmp_path / "noise.h5"
+    noise.write_bytes(np.random.default_rng(0).bytes(4096))
+    half = tmp_path / "half.h5"
+    write_run(half)
+    half.write_bytes(half.read_bytes()[: half.stat().st_size // 2])
+    for path in (noise, half, tmp_path / "missing.h5"):
+        with pytest.raises(ResultsError, match=re.escape(str(path))):
+            read_run(path)
+
+
+def test_foreign_and_newer_files_are_refused(tmp_path):
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["x"] = np.zeros(3)
+    with pytest.raises(ResultsError, match="no schema_version"):
+        read_run(foreign)
+
+    newer = tmp_path / "newer.h5"
+    write_run(newer)
+    with h5py.File(newer, "r+") as f:
+        f.attrs["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(ResultsError, match=f"schema_version {SCHEMA_VERSION + 1}.*newer hpcfl"):
+        read_run(newer)
+
+
+def test_reader_trusts_only_committed_rows(tmp_path):
+    path = tmp_path / "r.h5"
+    write_run(path)
+    with h5py.File(path, "r+") as f:  # as if the writer died inside round 2
+        f.attrs["committed_rounds"] = 2
+    run = read_run(path)
+    assert run.rounds == 2 and run.arrays["client/train_loss"].shape == (2, 4)
+    assert run.arrays["partition"].shape == (4, 3)
+
+
+def test_bad_attribute_leaves_no_file(tmp_path):
+    path = tmp_path / "r.h5"
+    with pytest.raises(ResultsError, match="when"):
+        Recorder.create(path, {"when": object()})
+    assert not path.exists()
+    Recorder.create(path, {"when": "now"}).close()
