@@ -27,7 +27,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any job-file key with a TOML value, e.g. --set train.lr=0.05 "
-                             "--set data.partition_params.beta=0.1 --set run.name='\"trial-3\"' (repeatable)")
+                             "--set data.partition_params.beta=0.1 --set run.name=trial-3 (repeatable)")
     parser.add_argument("--data-root", default=None,
                         help="folder with the datasets (default: data.root, then $HPCFL_DATA, then "
                              "/usr/share/datasets where Debian's dataset-fashion-mnist installs)")
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
         if transport is None or transport.is_server:
             sys.stderr.write(f"hpcfl: error: {err}\n")
         return 2
+    except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
+        _abort(transport, err)
     try:
         run(job, log)
     except BaseException as err:          # noqa: BLE001 — any failure must end every rank

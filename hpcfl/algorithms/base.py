@@ -9,7 +9,7 @@ An algorithm is one class holding both halves of a federated method:
 
 Uplinks are *contributions* `(tensors, weight)`: the runtime adds `weight * tensors` into one
 float64 buffer per payload, in a fixed client order, and the reduction sums workers' buffers. So
-an algorithm sends `weight * value` (plus a scalar `weight` if it needs the normaliser) and divides
+an algorithm sends `weight * value` (plus the scalar WEIGHT if it needs the normaliser) and divides
 in `aggregate`: weighted averaging costs one reduce whatever the number of clients.
 Algorithms never import MPI; the runtime and the transport never import a concrete algorithm.
 """
@@ -26,7 +26,8 @@ from hpcfl.payload import Layout
 
 Tensors = dict[str, torch.Tensor]
 Contribution = tuple[Mapping[str, torch.Tensor], float]
-ONE = torch.ones(())          # the scalar whose weighted sum is the normaliser
+ONE = torch.ones(())          # the scalar whose weighted sum is the normaliser...
+WEIGHT = "#weight"            # ...under a name no torch module can give a parameter
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ class Algorithm:
 
 
 def weighted_model_layout(setup: Setup) -> Layout:
-    """The model's tensors plus the scalar `weight`: the uplink of every weighted average."""
-    return setup.model_layout + Layout(("weight",), ((),))
+    """The model's tensors plus the scalar WEIGHT: the uplink of every weighted average."""
+    return setup.model_layout + Layout((WEIGHT,), ((),))
 
 
 def load_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:

@@ -6,7 +6,7 @@ Every state_dict tensor (BatchNorm running statistics included) is averaged the 
 """
 import torch
 
-from hpcfl.algorithms.base import ONE, Algorithm, Phase, load_state, weighted_model_layout
+from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, load_state, weighted_model_layout
 
 
 class FedAvg(Algorithm):
@@ -25,15 +25,15 @@ class FedAvg(Algorithm):
     def client_update(self, phase, round, client, downlink, model, trainer):
         load_state(model, downlink["model"])
         metrics = trainer.train(model, client, round)
-        return {"model": ({**model.state_dict(), "weight": ONE}, float(client.num_samples))}, metrics
+        return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples))}, metrics
 
     def aggregate(self, phase, round, server_state, uplink):
         sums = uplink["model"]
-        total = float(sums["weight"])
+        total = float(sums[WEIGHT])
         if total == 0.0:          # nobody trained: keep the model
             return
         for name, value in sums.items():
-            if name != "weight":
+            if name != WEIGHT:
                 target = server_state[f"model.{name}"]
                 target.copy_((value / total).to(target.dtype) if target.is_floating_point()
                              else torch.round(value / total).to(target.dtype))

@@ -92,7 +92,8 @@ def check_params(scheme: str, params: dict) -> dict:
 def partition(labels: np.ndarray, num_clients: int, scheme: str, params: dict, seed: int,
               min_samples: int = 10) -> list[np.ndarray]:
     """Per client, a sorted int64 array of training-sample indices; every client holds >= min_samples."""
-    fn, kwargs = SCHEMES[scheme], check_params(scheme, params)
+    kwargs = check_params(scheme, params)
+    fn = SCHEMES[scheme]
     labels = np.asarray(labels)
     if num_clients < 1:
         raise ConfigError(f"num_clients = {num_clients}: must be >= 1")

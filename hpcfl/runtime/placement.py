@@ -14,12 +14,16 @@ from hpcfl.errors import ConfigError
 
 def assign_clients(sizes: np.ndarray, workers: list[int]) -> dict[int, int]:
     """client id -> worker rank; balanced counts first, then balanced data size."""
-    cap = -(-len(sizes) // len(workers))
+    # Every worker ends with `base` or `base + 1` clients, and exactly `extra` of them with base + 1:
+    # a worker may only grow past `base` while fewer than `extra` workers have done so.
+    base, extra = divmod(len(sizes), len(workers))
     load = {w: 0 for w in workers}
     count = {w: 0 for w in workers}
     out = {}
     for client in sorted(range(len(sizes)), key=lambda c: (-int(sizes[c]), c)):
-        worker = min((w for w in workers if count[w] < cap), key=lambda w: (load[w], w))
+        extras_used = sum(count[w] > base for w in workers)
+        open_ = [w for w in workers if count[w] < base or (count[w] == base and extras_used < extra)]
+        worker = min(open_, key=lambda w: (load[w], w))
         out[client] = worker
         load[worker] += int(sizes[client])
         count[worker] += 1

@@ -41,7 +41,7 @@ class Transport:
         return stats
 
     def broadcast(self, name: str, array: np.ndarray | None) -> np.ndarray:
-        """The server's `array` on every rank (read-only: it may be shared in one process)."""
+        """The server's flat (1-D) `array` on every rank, dtype kept (read-only: it may be shared in one process)."""
         raise NotImplementedError
 
     def reduce_sum(self, name: str, array: np.ndarray) -> np.ndarray | None:

@@ -1,0 +1,65 @@
+import pytest
+
+from hpcfl.config import JobConfig, apply_overrides, job_from_dict, load_job, parse_override
+from hpcfl.errors import ConfigError
+
+
+def test_defaults_and_derived_names():
+    job = job_from_dict({"data": {"partition": "dirichlet", "partition_params": {"beta": 0.5}}})
+    assert job == job_from_dict(job.to_dict())
+    assert job.run_name == "fedavg-dirichlet-seed0"
+    assert str(job.result_path) == "results/default/fedavg-dirichlet-seed0.h5"
+
+
+def test_overrides_use_toml_values_and_reach_any_key(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[train]\nlr = 0.1\n')
+    job = load_job(path, ["train.lr=0.05", "train.optimizer=adam", 'run.name="trial"',
+                          "data.partition=dirichlet", "data.partition_params.beta=0.3"])
+    assert job.train.lr == 0.05 and job.train.optimizer == "adam" and job.run.name == "trial"
+    assert job.data.partition_params == {"beta": 0.3}
+    assert parse_override("run.rounds=7") == (["run", "rounds"], 7)
+    assert apply_overrides({"a": {"b": 1}}, ["a.c=[1, 2]"]) == {"a": {"b": 1, "c": [1, 2]}}
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ({"trian": {}}, "trian"),                                             # unknown section
+    ({"train": {"learning_rate": 0.1}}, "learning_rate"),                 # unknown key
+    ({"train": {"lr": "fast"}}, "train.lr"),                              # wrong type
+    ({"train": {"lr": -1.0}}, "train.lr"),                                # out of range
+    ({"train": {"optimizer": "lbfgs"}}, "train.optimizer"),               # bad choice, names valid ones
+    ({"run": {"rounds": True}}, "run.rounds"),                            # bool is not an int
+    ({"data": {"dataset": "imagenet42"}}, "data.dataset"),
+    ({"model": {"name": "resnet9000"}}, "model.name"),
+    ({"algorithm": {"name": "fedmagic"}}, "algorithm.name"),
+    ({"algorithm": {"params": {"mu": 0.1}}}, "mu"),                       # fedavg takes no params
+    ({"data": {"partition": "shards"}}, "data.partition"),
+    ({"data": {"partition": "dirichlet"}}, "beta"),                       # required partition param
+    ({"data": {"partition": "dirichlet", "partition_params": {"beta": 0.5, "alpha": 1}}}, "alpha"),
+    ({"train": {"clients_per_round": 50}}, "clients_per_round"),
+    ({"run": {"name": "../escape"}}, "run.name"),
+])
+def test_bad_config_names_the_key(raw, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        job_from_dict(raw)
+
+
+def test_bad_choice_lists_valid_values():
+    with pytest.raises(ConfigError, match="sgd"):
+        job_from_dict({"train": {"optimizer": "lbfgs"}})
+
+
+def test_unreadable_job_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_job(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nseed = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_job(bad)
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_override("no-equals-sign")
+
+
+def test_frozen():
+    with pytest.raises(Exception):
+        JobConfig().run.seed = 3

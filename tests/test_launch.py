@@ -1,0 +1,102 @@
+"""The runner end to end through its command line, on real data (scikit-learn digits, Fashion-MNIST)."""
+import socket
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from helpers import launch
+from hpcfl.metrics import read_run
+from hpcfl.models import build_model, count_parameters
+
+TIMING_KEYS = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s")
+
+
+def _metrics(path: Path) -> dict:
+    run = read_run(path)
+    return {k: v for k, v in run.arrays.items() if not k.startswith(TIMING_KEYS) and k != "placement"}
+
+
+def test_one_process_and_three_ranks_give_the_same_metrics(tiny_job, tmp_path):
+    job = tiny_job(rounds=3)
+    single = launch(job, "--results-root", tmp_path / "one")
+    multi = launch(job, "--results-root", tmp_path / "three", ranks=3)
+    assert single.returncode == 0, single.stderr
+    assert multi.returncode == 0, multi.stderr
+    name = "test/fedavg-dirichlet-seed0.h5"
+    one, three = _metrics(tmp_path / "one" / name), _metrics(tmp_path / "three" / name)
+    assert sorted(one) == sorted(three)
+    assert "round/test_acc" in one and "client/train_loss" in one
+    for key in one:
+        np.testing.assert_allclose(one[key], three[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
+    placement = read_run(tmp_path / "three" / name).arrays["placement"]
+    assert set(placement) == {1, 2}                              # the server hosts no client
+
+
+def test_result_file_records_the_run(tiny_job, tmp_path):
+    result = launch(tiny_job(rounds=2), "--results-root", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "round    2/2  test_acc" in result.stdout                   # one progress line per round
+    run = read_run(tmp_path / "test" / "fedavg-dirichlet-seed0.h5")
+    assert run.rounds == 2 and run.attrs["status"] == "completed"
+    assert run.attrs["config"]["train"]["lr"] == 0.1 and run.attrs["world_size"] == 1
+    assert run.attrs["hostnames"] == [socket.gethostname()] and run.attrs["versions"]["torch"]
+    partition = run.arrays["partition"]
+    assert partition.shape == (6, 10) and partition.sum() == 1438      # every digits training sample
+    train_loss = run.arrays["client/train_loss"]
+    assert train_loss.shape == (2, 6) and (np.isfinite(train_loss).sum(1) == 4).all()   # NaN = not sampled
+    with h5py.File(tmp_path / "test" / "fedavg-dirichlet-seed0.h5", "r") as f:       # plain h5py reads it
+        model_numel = count_parameters(build_model("fmnist_cnn", (1, 8, 8), 10))
+        assert f["round/bytes_down/model"][0] == 4 * model_numel * 4           # 4 clients, float32
+        assert f["round/bytes_up/model"][0] == 4 * (model_numel + 1) * 4       # plus the weight scalar
+        assert f["class/test_acc"].shape == (2, 10)
+
+
+def test_fedavg_learns_on_real_data(tiny_job, tmp_path):
+    result = launch(tiny_job(rounds=8), "--set", "train.local_epochs=2", "--results-root", tmp_path)
+    assert result.returncode == 0, result.stderr
+    acc = read_run(tmp_path / "test" / "fedavg-dirichlet-seed0.h5").arrays["round/test_acc"]
+    assert acc[-1] > 0.8, acc          # 10 classes: chance is 0.1; an unnormalised average diverges
+
+
+def test_never_overwrites_a_result(tiny_job, tmp_path):
+    job = tiny_job(rounds=1)
+    assert launch(job, "--results-root", tmp_path).returncode == 0
+    path = tmp_path / "test" / "fedavg-dirichlet-seed0.h5"
+    before = path.read_bytes()
+    again = launch(job, "--results-root", tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr and "run.name" in again.stderr
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("ranks", [0, 3])
+def test_missing_data_root_is_named(tiny_job, tmp_path, ranks):
+    missing = tmp_path / "nowhere"
+    result = launch(tiny_job(), "--set", "data.dataset=fashion_mnist", "--data-root", missing,
+                    "--results-root", tmp_path, ranks=ranks, timeout=120)
+    assert result.returncode == 2
+    assert str(missing) in result.stderr and "dataset-fashion-mnist" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.rglob("*.h5"))                                    # nothing trained or written
+
+
+def test_bad_config_exits_2_naming_the_key(tiny_job, tmp_path):
+    result = launch(tiny_job(), "--set", "train.optimiser=adam", "--results-root", tmp_path)
+    assert result.returncode == 2 and "optimiser" in result.stderr and "Traceback" not in result.stderr
+    assert launch(tiny_job(), "--check").returncode == 0
+
+
+def test_help_documents_the_options():
+    result = launch("--help")
+    assert result.returncode == 0
+    for option in ("--set", "--data-root", "--results-root", "--check", "Exit status"):
+        assert option in result.stdout
+
+
+def test_exception_in_a_client_on_rank_2_ends_the_job(tiny_job, tmp_path):
+    result = launch(tiny_job(rounds=3), "--results-root", tmp_path, ranks=3, timeout=90,
+                    launcher=[str(Path(__file__).with_name("fault_launch.py"))])
+    assert result.returncode != 0
+    assert "rank 2 on " + socket.gethostname() in result.stderr
+    assert "injected failure in client" in result.stderr and "in client" in result.stderr

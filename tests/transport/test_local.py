@@ -1,0 +1,80 @@
+"""LocalTransport: one process is server and sole worker; every collective is the identity."""
+import numpy as np
+import pytest
+
+from hpcfl.transport import LocalTransport
+
+
+@pytest.fixture
+def transport():
+    return LocalTransport({c: 0 for c in range(6)})
+
+
+def test_single_rank_server(transport):
+    assert transport.rank == 0 and transport.size == 1 and transport.is_server
+    assert transport.client_rank == {c: 0 for c in range(6)}
+
+
+def test_broadcast_returns_the_servers_array(transport):
+    for dtype in (np.float32, np.float64, np.int64, np.uint8):
+        a = np.arange(10, dtype=dtype)
+        out = transport.broadcast("model", a)
+        assert out.dtype == dtype
+        assert np.array_equal(out, a)
+
+
+def test_reduce_sum_is_float64_of_the_single_input(transport):
+    a = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+    out = transport.reduce_sum("model", a)
+    assert out.dtype == np.float64
+    assert np.array_equal(out, a.astype(np.float64))
+    big = np.random.default_rng(0).random(1000)
+    assert np.array_equal(transport.reduce_sum("x", big), big)
+
+
+def test_gather_returns_every_client(transport):
+    items = {3: np.arange(4.0), 0: np.arange(2.0), 5: np.zeros(0)}
+    out = transport.gather("layers", items)
+    assert set(out) == {0, 3, 5}
+    for c in items:
+        assert np.array_equal(out[c], items[c])
+    assert out is not items                        # a new dict: the caller may mutate it
+    assert transport.gather("layers", {}) == {}
+
+
+def test_scatter_delivers_only_the_named_receivers(transport):
+    items = {0: np.arange(3.0), 2: np.arange(5.0), 4: np.ones(1)}
+    out = transport.scatter("assign", items, [2, 4])
+    assert set(out) == {2, 4}
+    assert np.array_equal(out[2], items[2]) and np.array_equal(out[4], items[4])
+    assert transport.scatter("assign", items, []) == {}
+
+
+def test_exchange_swaps_pairs_in_memory(transport):
+    items = {c: np.full(3, float(c)) for c in (0, 1, 2, 5)}
+    out = transport.exchange("classifier", [(0, 5), (2, 1)], items)
+    assert set(out) == {0, 1, 2, 5}
+    assert np.array_equal(out[0], items[5]) and np.array_equal(out[5], items[0])
+    assert np.array_equal(out[1], items[2]) and np.array_equal(out[2], items[1])
+
+
+def test_exchange_leaves_unpaired_clients_out(transport):
+    items = {c: np.full(2, float(c)) for c in (0, 1, 3)}
+    out = transport.exchange("classifier", [(0, 1)], items)
+    assert set(out) == {0, 1}
+    assert transport.exchange("classifier", [], items) == {}
+
+
+def test_share_is_a_list_of_this_ranks_info(transport):
+    info = {"host": "h", "device": "cpu"}
+    assert transport.share(info) == [info]
+
+
+def test_nothing_travels_so_counters_stay_zero(transport):
+    transport.broadcast("model", np.ones(10))
+    transport.reduce_sum("model", np.ones(10))
+    transport.gather("g", {0: np.ones(3)})
+    stats = transport.take_stats()
+    assert sum(stats.sent.values()) == 0 and sum(stats.received.values()) == 0
+    fresh = transport.take_stats()
+    assert fresh is not stats and dict(fresh.sent) == {} and fresh.wait_s == 0.0
