@@ -35,6 +35,8 @@ class DataConfig:
     partition: str = "iid"
     partition_params: dict = field(default_factory=dict)
     min_samples: int = 10
+    validation_fraction: float = 0.0   # hold out this share of each client's data (FedFM: 0.2)
+    local_test_ratio: float = 0.0      # per-client test set, label mix of the client, size ratio x train (FedClassAvg: 0.3)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ CHOICES = {
 }
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads"}
-NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay"}
+NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio"}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -164,6 +166,8 @@ def _check_values(job: JobConfig) -> None:
     for key in NON_NEGATIVE:
         if flat[key] < 0:
             raise ConfigError(f"{key} = {flat[key]!r} must be >= 0")
+    if not 0.0 <= job.data.validation_fraction < 1.0:
+        raise ConfigError(f"data.validation_fraction = {job.data.validation_fraction!r} must be in [0, 1), e.g. 0.2")
     if job.train.clients_per_round > job.data.num_clients:
         raise ConfigError(f"train.clients_per_round = {job.train.clients_per_round} exceeds "
                           f"data.num_clients = {job.data.num_clients}; lower it or add clients")

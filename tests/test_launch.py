@@ -20,14 +20,17 @@ def _metrics(path: Path) -> dict:
 
 def test_one_process_and_three_ranks_give_the_same_metrics(tiny_job, tmp_path):
     job = tiny_job(rounds=3)
-    single = launch(job, "--results-root", tmp_path / "one")
-    multi = launch(job, "--results-root", tmp_path / "three", ranks=3)
+    splits = ["--set", "data.validation_fraction=0.2", "--set", "data.local_test_ratio=0.3"]
+    single = launch(job, *splits, "--results-root", tmp_path / "one")
+    multi = launch(job, *splits, "--results-root", tmp_path / "three", ranks=3)
     assert single.returncode == 0, single.stderr
     assert multi.returncode == 0, multi.stderr
     name = "test/fedavg-dirichlet-seed0.h5"
     one, three = _metrics(tmp_path / "one" / name), _metrics(tmp_path / "three" / name)
     assert sorted(one) == sorted(three)
-    assert "round/test_acc" in one and "client/train_loss" in one
+    for key in ("round/test_acc", "client/train_loss", "client/val_acc", "client/local_test_acc",
+                "round/personal_acc_mean"):
+        assert key in one, key
     for key in one:
         np.testing.assert_allclose(one[key], three[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
     placement = read_run(tmp_path / "three" / name).arrays["placement"]
@@ -44,6 +47,7 @@ def test_result_file_records_the_run(tiny_job, tmp_path):
     assert run.attrs["hostnames"] == [socket.gethostname()] and run.attrs["versions"]["torch"]
     partition = run.arrays["partition"]
     assert partition.shape == (6, 10) and partition.sum() == 1438      # every digits training sample
+    assert "client/val_acc" not in run.arrays                         # no validation split configured
     train_loss = run.arrays["client/train_loss"]
     assert train_loss.shape == (2, 6) and (np.isfinite(train_loss).sum(1) == 4).all()   # NaN = not sampled
     with h5py.File(tmp_path / "test" / "fedavg-dirichlet-seed0.h5", "r") as f:       # plain h5py reads it
@@ -100,3 +104,23 @@ def test_exception_in_a_client_on_rank_2_ends_the_job(tiny_job, tmp_path):
     assert result.returncode != 0
     assert "rank 2 on " + socket.gethostname() in result.stderr
     assert "injected failure in client" in result.stderr and "in client" in result.stderr
+
+
+def test_validation_split_and_personalised_evaluation(tiny_job, tmp_path):
+    result = launch(tiny_job(rounds=2), "--set", "data.validation_fraction=0.2", "--set", "data.local_test_ratio=0.3",
+                    "--results-root", tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = read_run(tmp_path / "test" / "fedavg-dirichlet-seed0.h5")
+    assert 0.75 * 1438 < run.arrays["partition"].sum() < 0.85 * 1438    # 20 % held out per client
+    local = run.arrays["client/local_test_acc"]
+    assert (np.isfinite(local).sum(1) == 4).all() and np.nanmax(local) <= 1.0
+    assert np.allclose(run.arrays["round/personal_acc_mean"], np.nanmean(local, axis=1))
+    assert np.allclose(run.arrays["round/personal_acc_std"], np.nanstd(local, axis=1))
+
+
+def test_a_pathological_partition_is_recorded_exactly(tiny_job, tmp_path):
+    result = launch(tiny_job(rounds=1), "--set", "data.partition=classes_per_client",
+                    "--set", "data.partition_params={k = 2}", "--results-root", tmp_path)
+    assert result.returncode == 0, result.stderr
+    counts = read_run(tmp_path / "test" / "fedavg-classes_per_client-seed0.h5").arrays["partition"]
+    assert ((counts > 0).sum(axis=1) == 2).all()          # each client holds exactly two classes

@@ -46,6 +46,7 @@ class Client:
     y: torch.Tensor
     class_counts: np.ndarray
     state: Tensors = field(default_factory=dict)       # kept on CPU between rounds
+    eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
 
     @property
     def num_samples(self) -> int:

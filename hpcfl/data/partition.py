@@ -1,7 +1,8 @@
 """Which training samples each federated client holds.
 
 A partition depends only on (labels, num_clients, scheme, params, seed), never on the MPI rank or the
-process count, so every rank computes the same split without any communication.
+process count, so every rank computes the same split without any communication. The same holds for the
+per-client validation split and local test sets, which draw from generators keyed by the client.
 """
 import inspect
 from typing import Callable
@@ -39,13 +40,53 @@ def _dirichlet_counts(class_sizes: np.ndarray, num_clients: int, beta: float,
     return counts
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _require(key: str, value, ok: bool, rule: str) -> None:
+    """A ConfigError naming `data.partition_params.<key>` when a scheme setting breaks its rule."""
+    if not ok:
+        raise ConfigError(f"data.partition_params.{key} = {value!r}: {rule}")
+
+
+def _round_half_up(x: float) -> int:
+    """Python's round() rounds halves to even; sizes here round 2.5 up, as a reader expects."""
+    return int(np.floor(x + 0.5))
+
+
+def _apportion(total: int, weights: np.ndarray) -> np.ndarray:
+    """Integers summing to `total` in proportion to `weights` (largest remainder: each within 1 of exact)."""
+    exact = total * weights / weights.sum()
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(counts - exact, kind="stable")[:total - counts.sum()]] += 1
+    return counts
+
+
+def _deal(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Per client, `counts[class, client]` samples of each class, drawn without replacement.
+
+    Each class's samples are shuffled and dealt out in client order; samples left over belong to no client.
+    """
+    class_sizes = np.unique(labels, return_counts=True)[1]
+    by_class = np.split(np.argsort(labels, kind="stable"), np.cumsum(class_sizes)[:-1])
+    owner = np.full(len(labels), -1, dtype=np.int64)
+    for members, row in zip(by_class, counts):
+        owner[rng.permutation(members)[:row.sum()]] = np.repeat(np.arange(counts.shape[1]), row)
+    order = np.argsort(owner, kind="stable")[np.count_nonzero(owner < 0):]
+    return np.split(order, np.cumsum(counts.sum(axis=0))[:-1])
+
+
 def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_samples: int,
               *, beta: float) -> list[np.ndarray]:
     """Per class, client shares ~ Dir(beta) (NIID-Bench / FedMA); redrawn until every client has min_samples."""
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
-        raise ConfigError(f"data.partition_params.beta = {beta!r}: must be a number > 0 "
-                          "(small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
-    classes, class_sizes = np.unique(labels, return_counts=True)
+    _require("beta", beta, _is_number(beta) and beta > 0,
+             "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
+    class_sizes = np.unique(labels, return_counts=True)[1]
     for _ in range(_MAX_ATTEMPTS):
         counts = _dirichlet_counts(class_sizes, num_clients, beta, rng)
         if counts is not None and counts.sum(axis=0).min() >= min_samples:
@@ -55,16 +96,163 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, mi
             f"dirichlet partition with beta={beta} over {num_clients} clients and {len(labels)} samples left some "
             f"client below data.min_samples={min_samples} in all {_MAX_ATTEMPTS} draws; "
             "fix: use fewer clients, a larger data.partition_params.beta, or a lower data.min_samples")
-    owner = np.empty(len(labels), dtype=np.int64)
-    for c, row in zip(classes, counts):
-        owner[rng.permutation(np.flatnonzero(labels == c))] = np.repeat(np.arange(num_clients), row)
-    order = np.argsort(owner, kind="stable")
-    return np.split(order, np.cumsum(counts.sum(axis=0))[:-1])
+    return _deal(labels, counts, rng)
+
+
+def dirichlet_equal(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                    *, beta: float) -> list[np.ndarray]:
+    """Label skew without quantity skew (FedClassAvg): every client gets floor(N / num_clients) samples.
+
+    Each client draws class proportions ~ Dir(beta) and takes them from the classes' remaining pools,
+    renormalising over the classes not yet used up; a leftover of fewer than num_clients samples is unused.
+    """
+    _require("beta", beta, _is_number(beta) and beta > 0,
+             "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
+    left = np.unique(labels, return_counts=True)[1]
+    counts = np.zeros((len(left), num_clients), dtype=np.int64)
+    for client in range(num_clients):
+        share = rng.dirichlet(np.full(len(left), beta))
+        need = len(labels) // num_clients
+        while need:  # each pass either fills the client or exhausts a class
+            open_share = share * (left > 0)
+            take = np.minimum(_apportion(need, open_share if open_share.sum() > 0 else left), left)
+            counts[:, client] += take
+            left -= take
+            need -= take.sum()
+    return _deal(labels, counts, rng)
+
+
+def _class_sets(num_classes: int, num_clients: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """clients x k distinct class indices, dealt round-robin from a class order reshuffled every cycle.
+
+    Every class is dealt once per cycle, so use counts differ by at most one and every class is used when
+    num_clients * k >= num_classes. A client whose k slots straddle two cycles gets the new cycle's
+    classes it already holds moved to that cycle's end, which keeps its classes distinct (k <= num_classes).
+    """
+    cycles = []
+    for start in range(0, num_clients * k, num_classes):
+        order = rng.permutation(num_classes)
+        held = np.concatenate(cycles)[start - start % k:] if start % k else order[:0]
+        clash = np.isin(order, held)
+        cycles.append(np.concatenate([order[~clash], order[clash]]))
+    slots = np.concatenate(cycles) if cycles else np.empty(0, dtype=np.int64)
+    return slots[:num_clients * k].reshape(num_clients, k)
+
+
+def _split_among_holders(labels: np.ndarray, held: np.ndarray, key: str, rng: np.random.Generator) -> list[np.ndarray]:
+    """Each class's samples split evenly (sizes within one) among the clients holding it (`held`: classes x clients)."""
+    classes, class_sizes = np.unique(labels, return_counts=True)
+    holders = held.sum(axis=1)
+    short = np.flatnonzero(class_sizes < holders)
+    if short.size:
+        c = short[0]
+        raise DataError(f"class {classes[c]} has {class_sizes[c]} samples but data.partition_params.{key} puts it "
+                        f"on {holders[c]} clients, so some would get none of it; fix: use fewer clients or "
+                        f"another data.partition_params.{key}")
+    per = np.maximum(holders, 1)[:, None]
+    rank = np.cumsum(held, axis=1) - 1  # a client's place among the class's holders
+    counts = held * (class_sizes[:, None] // per + (rank < class_sizes[:, None] % per))
+    return _deal(labels, counts, rng)
+
+
+def classes_per_client(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                       *, k: int) -> list[np.ndarray]:
+    """FedClassAvg's "skewed" split (k = 2): every client holds exactly k distinct classes."""
+    num_classes = len(np.unique(labels))
+    _require("k", k, _is_int(k) and 1 <= k <= num_classes,
+             f"must be an integer from 1 to the number of classes in the training set ({num_classes})")
+    sets = _class_sets(num_classes, num_clients, k, rng)
+    held = np.zeros((num_classes, num_clients), dtype=bool)
+    held[sets, np.arange(num_clients)[:, None]] = True
+    return _split_among_holders(labels, held, "k", rng)
+
+
+def dominant(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+             *, n_dominant: int, n_other: int, dominant_classes: int = 1) -> list[np.ndarray]:
+    """FedFM NIID-2: the same size for every client, skewed towards its dominant classes.
+
+    Client i gets n_dominant samples of each class (i * dominant_classes + j) mod C, j < dominant_classes,
+    and n_other of every other class (FedFM's CIFAR-10 split: 10 clients, 2,300 and 300).
+    """
+    classes, class_sizes = np.unique(labels, return_counts=True)
+    num_classes = len(classes)
+    for key, value in (("n_dominant", n_dominant), ("n_other", n_other)):
+        _require(key, value, _is_int(value) and value >= 0, "must be an integer >= 0 (samples per class per client)")
+    _require("dominant_classes", dominant_classes, _is_int(dominant_classes) and 1 <= dominant_classes <= num_classes,
+             f"must be an integer from 1 to the number of classes in the training set ({num_classes})")
+    clients = np.arange(num_clients)[:, None]
+    is_dominant = np.zeros((num_classes, num_clients), dtype=bool)
+    is_dominant[(clients * dominant_classes + np.arange(dominant_classes)) % num_classes, clients] = True
+    counts = np.where(is_dominant, n_dominant, n_other).astype(np.int64)
+    need = counts.sum(axis=1)
+    short = np.flatnonzero(need > class_sizes)
+    if short.size:
+        c = short[0]
+        dominated = is_dominant[c].sum()
+        raise DataError(f"dominant partition needs {need[c]} samples of class {classes[c]} "
+                        f"(data.partition_params.n_dominant={n_dominant} for each of the {dominated} clients it "
+                        f"dominates, data.partition_params.n_other={n_other} for each of the other "
+                        f"{num_clients - dominated}) but the training set has {class_sizes[c]}; fix: lower "
+                        "n_dominant or n_other, or use fewer clients")
+    return _deal(labels, counts, rng)
+
+
+def missing(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, x: int) -> list[np.ndarray]:
+    """FedFM NIID-3 "missing x": every client lacks exactly x classes.
+
+    Each class is missed by as many clients as the others (within one); its samples are split evenly among
+    the clients that hold it.
+    """
+    num_classes = len(np.unique(labels))
+    _require("x", x, _is_int(x) and 0 <= x < num_classes,
+             f"must be an integer from 0 to {num_classes - 1}: each client must keep at least one of the "
+             f"{num_classes} classes in the training set")
+    held = np.ones((num_classes, num_clients), dtype=bool)
+    held[_class_sets(num_classes, num_clients, x, rng), np.arange(num_clients)[:, None]] = False
+    return _split_among_holders(labels, held, "x", rng)
+
+
+def quantity_skew(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_samples: int,
+                  *, beta: float | None = None, sigma: float | None = None) -> list[np.ndarray]:
+    """IID labels, unequal sizes: client shares ~ Dir(beta), or ~ log-normal(0, sigma) normalised.
+
+    Redrawn until every client has min_samples.
+    """
+    if (beta is None) == (sigma is None):
+        raise ConfigError("quantity_skew needs exactly one of data.partition_params.beta (Dirichlet client "
+                          "shares) or data.partition_params.sigma (log-normal client sizes)")
+    if beta is not None:
+        _require("beta", beta, _is_number(beta) and beta > 0,
+                 "must be a number > 0 (small, e.g. 0.5, gives very unequal sizes; large gives near-equal)")
+    else:
+        _require("sigma", sigma, _is_number(sigma) and sigma >= 0,
+                 "must be a number >= 0 (0 gives equal sizes; larger, e.g. 1, more unequal)")
+    for _ in range(_MAX_ATTEMPTS):
+        if beta is not None:
+            share = rng.dirichlet(np.full(num_clients, beta))
+        else:  # log-normal weights, scaled by the largest so exp() cannot overflow
+            z = rng.standard_normal(num_clients)
+            share = np.exp(sigma * (z - z.max()))
+        sizes = _apportion(len(labels), share)
+        if sizes.min() >= min_samples:
+            break
+    else:
+        key = "beta" if beta is not None else "sigma"
+        raise DataError(
+            f"quantity_skew partition over {num_clients} clients and {len(labels)} samples left some client "
+            f"below data.min_samples={min_samples} in all {_MAX_ATTEMPTS} draws; fix: use fewer clients, "
+            f"a {'larger' if key == 'beta' else 'smaller'} data.partition_params.{key}, or a lower data.min_samples")
+    return np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])
 
 
 SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
     "dirichlet": dirichlet,
+    "dirichlet_equal": dirichlet_equal,
+    "classes_per_client": classes_per_client,
+    "dominant": dominant,
+    "missing": missing,
+    "quantity_skew": quantity_skew,
 }
 
 
@@ -122,3 +310,53 @@ def count_matrix(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
         raise DataError(f"labels must lie in 0..{num_classes - 1}; found {cols.min()}..{cols.max()}")
     flat = np.bincount(rows * num_classes + cols, minlength=len(parts) * num_classes)
     return flat.reshape(len(parts), num_classes).astype(np.int64)
+
+
+def validation_split(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train, validation) per client: round(fraction * size) random samples held out (FedFM: 0.2).
+
+    Each client draws from its own generator, so the split is the same on every rank; a client always keeps
+    at least one training sample.
+    """
+    if not (_is_number(fraction) and 0 <= fraction < 1):
+        raise ConfigError(f"data.validation_fraction = {fraction!r}: must be a number in [0, 1), e.g. 0.2")
+    train, val = [], []
+    for client, part in enumerate(parts):
+        n_val = max(min(_round_half_up(fraction * len(part)), len(part) - 1), 0)
+        shuffled = numpy_rng(seed, "validation", client).permutation(np.asarray(part, dtype=np.int64))
+        train.append(np.sort(shuffled[n_val:]))
+        val.append(np.sort(shuffled[:n_val]))
+    return train, val
+
+
+def local_test_sets(test_labels: np.ndarray, class_counts: np.ndarray, size_ratio: float,
+                    seed: int) -> list[np.ndarray]:
+    """Per client, sorted test-set indices whose label mix matches its training mix (personalised evaluation).
+
+    Size round(size_ratio * train size) (FedClassAvg: 0.3), apportioned over classes by the client's
+    `class_counts` row (clients x classes, as from `count_matrix`). Clients draw independently, so they may
+    share test samples; within a client a sample repeats only once its class's test samples are used up.
+    """
+    if not (_is_number(size_ratio) and size_ratio > 0):
+        raise ConfigError(f"data.local_test_ratio = {size_ratio!r}: must be a number > 0, e.g. 0.3")
+    test_labels = np.asarray(test_labels)
+    class_counts = np.asarray(class_counts, dtype=np.int64)
+    num_classes = class_counts.shape[1]
+    if test_labels.size and (test_labels.min() < 0 or test_labels.max() >= num_classes):
+        raise DataError(f"test labels must lie in 0..{num_classes - 1}; found {test_labels.min()}..{test_labels.max()}")
+    pool = np.bincount(test_labels, minlength=num_classes)
+    start = np.cumsum(pool) - pool  # where each class's block begins in a label-sorted test set
+    sets = []
+    for client, row in enumerate(class_counts):
+        size = _round_half_up(size_ratio * row.sum())
+        need = _apportion(size, row) if size else np.zeros(num_classes, dtype=np.int64)
+        absent = np.flatnonzero((need > 0) & (pool == 0))
+        if absent.size:
+            raise DataError(f"client {client} trains on class {absent[0]} but the test set has no sample of it; "
+                            "fix: use a test set that covers every training class")
+        rng = numpy_rng(seed, "local-test", client)
+        by_class = np.lexsort((rng.random(len(test_labels)), test_labels))  # grouped by class, random within
+        cls = np.repeat(np.arange(num_classes), need)
+        within = np.arange(size) - np.repeat(np.cumsum(need) - need, need)
+        sets.append(np.sort(by_class[start[cls] + within % pool[cls]]).astype(np.int64))
+    return sets

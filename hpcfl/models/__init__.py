@@ -6,9 +6,25 @@ import torch
 from torch import nn
 
 from hpcfl.errors import ConfigError
+from hpcfl.models.alexnet import AlexNetCifar
 from hpcfl.models.cnn import FmnistCNN
+from hpcfl.models.fedma import VGG9, CharLSTM, LeNet
+from hpcfl.models.tcnn import TCNN
+from hpcfl.models.vision import GoogLeNet, ResNet18, ResNet50, ShuffleNetV2
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"fmnist_cnn": FmnistCNN}
+# name -> Model(in_shape, num_classes); width of features(x) in the comment
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "fmnist_cnn": FmnistCNN,        # FedCME, 128
+    "tcnn": TCNN,                   # FedKA appendix A.1, 512
+    "lenet": LeNet,                 # FedMA (MNIST), 500
+    "vgg9": VGG9,                   # FedMA Table 4, no BatchNorm, 512
+    "char_lstm": CharLSTM,          # FedMA Table 5 (Shakespeare), in_shape = (seq_len,), 256
+    "resnet18": ResNet18,           # CIFAR stem, 512
+    "resnet50": ResNet50,           # CIFAR stem, 2048
+    "shufflenetv2": ShuffleNetV2,   # FedClassAvg, 512
+    "googlenet": GoogLeNet,         # FedClassAvg, 512
+    "alexnet_cifar": AlexNetCifar,  # FedClassAvg, 512
+}
 
 
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:

@@ -18,7 +18,7 @@ from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import Client, Setup
 from hpcfl.config import JobConfig
 from hpcfl.data.datasets import load_dataset, resolve_data_root
-from hpcfl.data.partition import count_matrix, partition
+from hpcfl.data.partition import count_matrix, local_test_sets, partition, validation_split
 from hpcfl.errors import HpcflError
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
@@ -31,7 +31,7 @@ from hpcfl.seeding import numpy_rng, torch_seed
 from hpcfl.training import LocalTrainer
 from hpcfl.transport import Transport
 
-CLIENT_METRICS = ("train_loss", "steps", "num_samples")
+CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "num_samples")
 
 
 class SetupFailed(HpcflError):
@@ -88,7 +88,12 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     labels = data.train_y.numpy()
     parts = partition(labels, config.data.num_clients, config.data.partition, config.data.partition_params,
                       config.run.seed, config.data.min_samples)
+    val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
+    if config.data.validation_fraction > 0:
+        parts, val_parts = validation_split(parts, config.data.validation_fraction, config.run.seed)
     counts = count_matrix(labels, parts, data.num_classes)
+    local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.run.seed)
+                   if config.data.local_test_ratio > 0 else None)
     workers = [0] if transport.size == 1 else list(range(1, transport.size))
     transport.client_rank = assign_clients(counts.sum(1), workers)
 
@@ -104,8 +109,15 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
             if rank == transport.rank:
                 idx = torch.from_numpy(parts[cid])
                 clients[cid] = Client(cid, data.train_x[idx].to(device), data.train_y[idx].to(device), counts[cid])
+                if len(val_parts[cid]):
+                    val = torch.from_numpy(val_parts[cid])
+                    clients[cid].eval_sets["val"] = data.train_x[val].to(device), data.train_y[val].to(device)
+                if local_tests is not None:
+                    test = torch.from_numpy(local_tests[cid])
+                    clients[cid].eval_sets["local_test"] = data.test_x[test].to(device), data.test_y[test].to(device)
                 clients[cid].state = algorithm.init_client_state(clients[cid])
-        worker = Worker(algorithm, clients, model, LocalTrainer(config.train, config.run.seed), device)
+        worker = Worker(algorithm, clients, model, LocalTrainer(config.train, config.run.seed), device,
+                        data.num_classes, config.eval.batch_size)
     if transport.is_server:
         server = Server(algorithm, model, data.test_x, data.test_y, data.num_classes, config.eval.batch_size, device)
         recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
@@ -192,7 +204,12 @@ def _record(job, round, cohort, flat, evaluation, phase_s, bytes_down, bytes_up,
     sampled[cohort] = True
     values = {}
     for j, key in enumerate(CLIENT_METRICS[:-1]):
+        if key in ("val_acc", "local_test_acc") and not np.isfinite(rows[cohort, j]).all():
+            continue                                       # not configured for this run
         values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)
+    if "client/local_test_acc" in values:                  # personalised accuracy across the cohort
+        personal = values["client/local_test_acc"][cohort]
+        values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
     samples = rows[:, CLIENT_METRICS.index("num_samples")]
     values["round/train_loss"] = float(np.sum(rows[cohort, 0] * samples[cohort]) / np.sum(samples[cohort]))
     values.update(evaluation)

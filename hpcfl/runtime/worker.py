@@ -9,11 +9,14 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms.base import Algorithm, Client, Phase
+from hpcfl.training import evaluate
 
 
 class Worker:
-    def __init__(self, algorithm: Algorithm, clients: dict[int, Client], model: torch.nn.Module, trainer, device):
+    def __init__(self, algorithm: Algorithm, clients: dict[int, Client], model: torch.nn.Module, trainer, device,
+                 num_classes: int, eval_batch: int):
         self.algorithm, self.clients, self.model, self.trainer, self.device = algorithm, clients, model, trainer, device
+        self.num_classes, self.eval_batch = num_classes, eval_batch
         self.compute_s = 0.0
 
     def run_phase(self, phase: Phase, round: int, cohort: list[int], downlink: dict, rows: np.ndarray,
@@ -32,10 +35,11 @@ class Worker:
                 err.add_note(f"hpcfl: in client {cid}, round {round}, phase '{phase.name}'")
                 raise
             client.state = {k: v.detach().cpu() for k, v in client.state.items()}
+            for split, (x, y) in client.eval_sets.items():     # the trained local model, on the client's own data
+                metrics[f"{split}_acc"] = evaluate(self.model, x, y, self.num_classes, self.eval_batch)["acc"]
             for name, (tensors, weight) in contributions.items():
                 phase.uplink[name].add_into(sums[name], tensors, weight)
             for j, key in enumerate(metric_names):
-                if key in metrics:
-                    rows[cid, j] = metrics[key]
+                rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start
         return {name: buf.cpu().numpy() for name, buf in sums.items()}
