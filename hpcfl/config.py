@@ -53,6 +53,7 @@ class TrainConfig:
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
+    augment: str = "none"           # none | crop_flip (random crop after 4-px padding + flip, on the device)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class JobConfig:
 CHOICES = {
     "run.device": ("auto", "cpu", "cuda"),
     "train.optimizer": ("sgd", "adam"),
+    "train.augment": ("none", "crop_flip"),
 }
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads"}

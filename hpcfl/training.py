@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcfl.config import TrainConfig
+from hpcfl.data.augment import random_crop_flip
 from hpcfl.seeding import torch_generator, torch_seed
 
 ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -43,8 +44,12 @@ class LocalTrainer:
         opt = self.optimizer(model.parameters())
         total = torch.zeros((), device=client.y.device)
         batches = self.batches(client.num_samples, round, client.id, client.y.device)
+        augment = (torch_generator(self.seed, "augment", round, client.id, device=client.y.device)
+                   if self.cfg.augment == "crop_flip" else None)
         for idx in batches:
             x, y = client.x[idx], client.y[idx]
+            if augment is not None:
+                x = random_crop_flip(x, augment)
             out = model(x)
             loss = F.cross_entropy(out, y)
             if extra_loss is not None:

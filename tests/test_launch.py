@@ -124,3 +124,12 @@ def test_a_pathological_partition_is_recorded_exactly(tiny_job, tmp_path):
     assert result.returncode == 0, result.stderr
     counts = read_run(tmp_path / "test" / "fedavg-classes_per_client-seed0.h5").arrays["partition"]
     assert ((counts > 0).sum(axis=1) == 2).all()          # each client holds exactly two classes
+
+
+def test_augmentation_changes_training_but_not_reproducibility(tiny_job, tmp_path):
+    runs = [launch(tiny_job(rounds=1), "--set", f"train.augment={aug}", "--set", f"run.name={name}",
+                   "--results-root", tmp_path) for aug, name in (("crop_flip", "a"), ("crop_flip", "b"), ("none", "c"))]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    loss = [read_run(tmp_path / "test" / f"{n}.h5").arrays["client/train_loss"] for n in "abc"]
+    np.testing.assert_array_equal(loss[0], loss[1])                     # seeded per (round, client)
+    assert not np.allclose(loss[0], loss[2], equal_nan=True)            # the crops really were applied

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-# SupCon's CIFAR recipe, which FedClassAvg trains with: RandomResizedCrop(scale=(0.2, 1)),
+# SupCon's CIFAR recipe (FedClassAvg's contrastive term is SupCon's loss): RandomResizedCrop(scale=(0.2, 1)),
 # ColorJitter(0.4, 0.4, 0.4, 0.1) applied with p=0.8, RandomGrayscale(p=0.2).
 _CROP_SCALE = (0.2, 1.0)
 _CROP_RATIO = (3 / 4, 4 / 3)

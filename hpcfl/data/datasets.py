@@ -120,9 +120,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def _normalise(pixels: np.ndarray, scale: float, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """float32 (pixels / scale - mean) / std per channel (axis 1), built in place to keep peak memory at one copy.
-
-    The factors are formed in float64 and rounded once, so every loader applies bit-identical arithmetic."""
+    """float32 (pixels / scale - mean) / std per channel (axis 1), built in place to keep peak memory at one copy."""
     x = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
     shape = (1, len(mean)) + (1,) * (x.dim() - 2)
     mean64, std64 = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
@@ -240,7 +238,7 @@ def _read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[n
     data = batch.get(b"data") if isinstance(batch, dict) else None
     labels = batch.get(label_key) if isinstance(batch, dict) else None
     if (not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072
-            or labels is None or len(labels) != len(data)):
+            or not isinstance(labels, (list, np.ndarray)) or len(labels) != len(data)):
         raise DataError(f"{path} is not a CIFAR batch (a dict with b'data': uint8 N x 3072 and "
                         f"{label_key!r}: N labels); replace it with an intact copy")
     labels = np.asarray(labels, dtype=np.int64)
@@ -291,13 +289,13 @@ def _image_folder(folder: Path) -> tuple[list[str], list[str], np.ndarray]:
 
     try:
         tree = ImageFolder(str(folder))
-    except (FileNotFoundError, OSError) as exc:
+    except OSError as exc:
         raise DataError(f"{folder} is not a folder of class subfolders holding images: {exc}") from exc
     return tree.classes, [p for p, _ in tree.samples], np.array([c for _, c in tree.samples], dtype=np.int64)
 
 
 def _load_cinic10(root: Path) -> Dataset:
-    """CINIC-10 (32x32 RGB): train + valid (180,000 images) form the training set, as is usual, and test the test set."""
+    """CINIC-10 (32x32 RGB): train + valid (180,000 images) form the training set, as is usual; test is the test set."""
     folders = [root / "cinic10", root / "CINIC-10"]
     base = next((f for f in folders if all((f / s).is_dir() for s in ("train", "valid", "test"))), None)
     if base is None:
@@ -334,9 +332,9 @@ def _load_tiny_imagenet(root: Path) -> Dataset:
     index = {w: i for i, w in enumerate(wnids)}
     test_paths, test_labels = [], []
     for line_no, line in enumerate(needed[3].read_text().splitlines(), 1):
-        fields = line.split("\t")
         if not line.strip():
             continue
+        fields = line.split("\t")
         if len(fields) < 2 or fields[1] not in index:
             raise DataError(f"{needed[3]} line {line_no} is not '<file>\\t<wnid from wnids.txt>...': {line!r}")
         test_paths.append(str(needed[2] / fields[0]))
@@ -348,17 +346,14 @@ def _load_tiny_imagenet(root: Path) -> Dataset:
 
 # ---------------------------------------------------------------- Shakespeare (LEAF JSON)
 
-def _vocab_table() -> np.ndarray:
-    table = np.full(128, -1, dtype=np.int16)
-    table[np.frombuffer(SHAKESPEARE_VOCAB.encode("ascii"), dtype=np.uint8)] = np.arange(len(SHAKESPEARE_VOCAB))
-    return table
+_VOCAB_INDEX = np.full(128, -1, dtype=np.int16)   # ASCII code -> vocabulary index, -1 outside it
+_VOCAB_INDEX[np.frombuffer(SHAKESPEARE_VOCAB.encode("ascii"), dtype=np.uint8)] = np.arange(len(SHAKESPEARE_VOCAB))
 
 
 def _encode_chars(text: str, where: str) -> np.ndarray:
     """uint8 vocabulary indices of `text`; a character outside LEAF's vocabulary is a DataError, not a guess."""
-    table = _vocab_table()
     try:
-        codes = table[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
+        codes = _VOCAB_INDEX[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
     except UnicodeEncodeError:
         codes = None
     if codes is None or (codes < 0).any():
@@ -404,9 +399,11 @@ def _load_shakespeare(root: Path) -> Dataset:
     test_x, test_y, test_users = _read_leaf_split(base / "test")
     names = sorted(set(train_users) | set(test_users))
     index = {u: i for i, u in enumerate(names)}
-    return Dataset(name="shakespeare",
-                   train_x=torch.from_numpy(train_x.astype(np.int64)), train_y=torch.from_numpy(train_y.astype(np.int64)),
-                   test_x=torch.from_numpy(test_x.astype(np.int64)), test_y=torch.from_numpy(test_y.astype(np.int64)),
+    def ints(a):
+        return torch.from_numpy(a.astype(np.int64))
+
+    return Dataset(name="shakespeare", train_x=ints(train_x), train_y=ints(train_y), test_x=ints(test_x),
+                   test_y=ints(test_y),
                    num_classes=len(SHAKESPEARE_VOCAB),
                    groups=np.array([index[u] for u in train_users], dtype=np.int64),
                    test_groups=np.array([index[u] for u in test_users], dtype=np.int64))

@@ -1,12 +1,20 @@
-"""Data loading on real files: Fashion-MNIST from Debian's package, and scikit-learn's bundled digits."""
+"""Data loading. Fashion-MNIST (Debian's package) and scikit-learn's digits are real; every other set
+is a small fixture written here in its real on-disk format (IDX, Python 2 pickles, PNG/JPEG folders,
+LEAF JSON), since nothing may be downloaded."""
 import gzip
+import json
+import os
+import pickle
 import shutil
+import struct
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from hpcfl.data.datasets import DEBIAN_ROOT, DATASETS, Dataset, load_dataset, read_idx, resolve_data_root
+from hpcfl.data.datasets import (DEBIAN_ROOT, DATASETS, SHAKESPEARE_VOCAB, Dataset, load_dataset, read_idx,
+                                 resolve_data_root)
 from hpcfl.errors import ConfigError, DataError
 
 torch.set_num_threads(1)
@@ -122,3 +130,303 @@ def test_unknown_dataset_is_config_error():
         load_dataset("imagenet", DEBIAN_ROOT)
     assert "data.dataset" in str(err.value)
     assert all(name in str(err.value) for name in DATASETS)
+
+
+# ---------------------------------------------------------------- fixtures in the real formats
+
+def _write_idx(path, array: np.ndarray, compress=True):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = b"\x00\x00\x08" + bytes([array.ndim]) + np.array(array.shape, dtype=">u4").tobytes() + array.tobytes()
+    path.write_bytes(gzip.compress(raw) if compress else raw)
+
+
+def _expected(pixels: np.ndarray, mean, std) -> torch.Tensor:
+    shape = (1, len(mean), 1, 1)
+    return ((torch.from_numpy(pixels.astype(np.float32)) / 255 - torch.tensor(mean).view(shape))
+            / torch.tensor(std).view(shape))
+
+
+def _assert_normalised(d: Dataset, name, train_pixels, test_pixels, num_classes):
+    assert d.name == name and d.num_classes == num_classes
+    assert d.train_x.dtype == torch.float32 and d.train_y.dtype == torch.int64 and d.test_y.dtype == torch.int64
+    assert d.train_x.is_contiguous() and d.test_x.is_contiguous()
+    assert torch.allclose(d.train_x, _expected(train_pixels, d.mean, d.std), atol=1e-5)
+    assert torch.allclose(d.test_x, _expected(test_pixels, d.mean, d.std), atol=1e-5)
+    assert len(d.mean) == len(d.std) == d.input_shape[0]
+
+
+@pytest.mark.parametrize("folder,compress", [("mnist", True), ("MNIST/raw", False), ("", True)])
+def test_mnist_from_each_layout(tmp_path, folder, compress):
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8)
+    lbl = np.arange(30, dtype=np.uint8) % 10
+    base = tmp_path / folder
+    for prefix, sl in (("train", slice(0, 20)), ("t10k", slice(20, 30))):
+        _write_idx(base / f"{prefix}-images-idx3-ubyte{'.gz' * compress}", img[sl], compress)
+        _write_idx(base / f"{prefix}-labels-idx1-ubyte{'.gz' * compress}", lbl[sl], compress)
+    d = load_dataset("mnist", tmp_path)
+    assert d.input_shape == (1, 28, 28) and len(d.train_x) == 20 and len(d.test_x) == 10
+    assert torch.equal(d.train_y, torch.from_numpy(lbl[:20].astype(np.int64)))
+    _assert_normalised(d, "mnist", img[:20, None], img[20:, None], 10)
+    assert d.mean == pytest.approx((0.1307,), abs=1e-4) and d.std == pytest.approx((0.3081,), abs=1e-4)
+
+
+def _write_emnist(folder, img, lbl, compress=True):
+    for split, sl in (("train", slice(0, 26)), ("test", slice(26, None))):
+        _write_idx(folder / f"emnist-letters-{split}-images-idx3-ubyte{'.gz' * compress}", img[sl], compress)
+        _write_idx(folder / f"emnist-letters-{split}-labels-idx1-ubyte{'.gz' * compress}", lbl[sl], compress)
+
+
+@pytest.mark.parametrize("folder,compress", [("emnist", True), ("emnist/gzip", True), ("EMNIST/raw", False)])
+def test_emnist_letters_shifts_labels_and_fixes_orientation(tmp_path, folder, compress):
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 256, (36, 28, 28), dtype=np.uint8)
+    lbl = (np.arange(36) % 26 + 1).astype(np.uint8)                      # EMNIST letters: 1 = a ... 26 = z
+    _write_emnist(tmp_path / folder, img, lbl, compress)
+    d = load_dataset("emnist_letters", tmp_path)
+    assert d.num_classes == 26 and d.input_shape == (1, 28, 28)
+    assert torch.equal(d.train_y, torch.arange(26)) and torch.equal(d.test_y, torch.arange(10))
+    upright = img.transpose(0, 2, 1)                                      # the files hold each image transposed
+    _assert_normalised(d, "emnist_letters", upright[:26, None], upright[26:, None], 26)
+
+
+def test_emnist_letters_label_zero_is_rejected(tmp_path):
+    img = np.zeros((36, 28, 28), dtype=np.uint8)
+    lbl = np.zeros(36, dtype=np.uint8)
+    _write_emnist(tmp_path / "emnist", img, lbl)
+    with pytest.raises(DataError, match=r"labels 1\.\.26"):
+        load_dataset("emnist_letters", tmp_path)
+
+
+def _py2_str(b: bytes) -> bytes:
+    return b"U" + bytes([len(b)]) + b if len(b) < 256 else b"T" + struct.pack("<I", len(b)) + b
+
+
+def _py2_int(v: int) -> bytes:
+    return b"J" + struct.pack("<i", v)
+
+
+def _py2_cifar_batch(data: np.ndarray, labels, label_key: bytes) -> bytes:
+    """A batch as the CIFAR archives hold it: a Python 2 protocol-2 pickle of {str: ...} with a uint8
+    numpy array under 'data' (numpy.core.multiarray._reconstruct, the array bytes as a py2 str)."""
+    dtype = (b"cnumpy\ndtype\n" + _py2_str(b"u1") + _py2_int(0) + _py2_int(1) + b"\x87R("
+             + _py2_int(3) + _py2_str(b"|") + b"NNN" + _py2_int(-1) + _py2_int(-1) + _py2_int(0) + b"tb")
+    array = (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + _py2_int(0) + b"\x85" + _py2_str(b"b")
+             + b"\x87R(" + _py2_int(1) + _py2_int(data.shape[0]) + _py2_int(data.shape[1]) + b"\x86" + dtype
+             + b"\x89" + _py2_str(data.tobytes()) + b"tb")
+    label_list = b"](" + b"".join(_py2_int(int(v)) for v in labels) + b"e"
+    return (b"\x80\x02}(" + _py2_str(b"batch_label") + _py2_str(b"fixture") + _py2_str(b"data") + array
+            + _py2_str(label_key) + label_list + b"u.")
+
+
+def test_cifar10_reads_python2_batches_in_order(tmp_path):
+    rng = np.random.default_rng(2)
+    base = tmp_path / "cifar-10-batches-py"
+    base.mkdir()
+    data = rng.integers(0, 256, (13, 3072), dtype=np.uint8)
+    labels = np.arange(13) % 10
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for k, name in enumerate(names):                                    # 2 images per training batch, 3 test
+        sl = slice(2 * k, 2 * k + (3 if name == "test_batch" else 2))
+        (base / name).write_bytes(_py2_cifar_batch(data[sl], labels[sl], b"labels"))
+    d = load_dataset("cifar10", tmp_path)
+    assert d.input_shape == (3, 32, 32) and len(d.train_x) == 10 and len(d.test_x) == 3
+    assert d.train_y.tolist() == labels[:10].tolist() and d.test_y.tolist() == labels[10:].tolist()
+    pixels = data.reshape(-1, 3, 32, 32)                                # rows are R plane, G plane, B plane
+    _assert_normalised(d, "cifar10", pixels[:10], pixels[10:], 10)
+    assert d.mean[0] == pytest.approx(0.4914, abs=1e-4) and d.std[2] == pytest.approx(0.2616, abs=1e-4)
+
+
+def _write_cifar100(base, train, test, protocol=4):
+    base.mkdir(parents=True)
+    for name, (data, fine) in (("train", train), ("test", test)):
+        batch = {b"filenames": [b"x.png"] * len(data), b"batch_label": b"fixture", b"fine_labels": list(fine),
+                 b"coarse_labels": [f // 5 for f in fine], b"data": data}
+        (base / name).write_bytes(pickle.dumps(batch, protocol=protocol))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_cifar100_uses_fine_labels_from_python3_pickles(tmp_path, protocol):
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, (8, 3072), dtype=np.uint8)
+    fine = [0, 17, 42, 99, 5, 63, 98, 1]
+    _write_cifar100(tmp_path / "cifar-100-python", (data[:5], fine[:5]), (data[5:], fine[5:]), protocol)
+    d = load_dataset("cifar100", tmp_path)
+    assert d.num_classes == 100 and torch.equal(d.train_y, torch.tensor(fine[:5]))
+    pixels = data.reshape(-1, 3, 32, 32)
+    _assert_normalised(d, "cifar100", pixels[:5], pixels[5:], 100)
+
+
+class _Evil:
+    def __reduce__(self):
+        return os.getcwd, ()
+
+
+def test_cifar_pickle_naming_other_callables_is_refused(tmp_path):
+    data = np.zeros((2, 3072), dtype=np.uint8)
+    _write_cifar100(tmp_path / "cifar-100-python", (data, [0, 1]), (data, [0, 1]))
+    bad = tmp_path / "cifar-100-python" / "test"
+    bad.write_bytes(pickle.dumps({b"data": data, b"fine_labels": [0, 1], b"x": _Evil()}))
+    with pytest.raises(DataError, match=r"refusing to load \w+\.getcwd") as err:
+        load_dataset("cifar100", tmp_path)
+    assert str(bad) in str(err.value)
+
+
+def test_cifar_labels_out_of_range_are_rejected(tmp_path):
+    data = np.zeros((2, 3072), dtype=np.uint8)
+    _write_cifar100(tmp_path / "cifar-100-python", (data, [0, 100]), (data, [0, 1]))
+    with pytest.raises(DataError, match=r"outside 0\.\.99"):
+        load_dataset("cifar100", tmp_path)
+
+
+CINIC_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def test_cinic10_train_and_valid_form_the_training_set(tmp_path):
+    rng = np.random.default_rng(4)
+    pixels = {}
+    for split in ("train", "valid", "test"):
+        for c, name in enumerate(CINIC_CLASSES):
+            folder = tmp_path / "cinic10" / split / name
+            folder.mkdir(parents=True)
+            img = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+            if split == "valid" and c == 3:                              # CINIC-10 holds some greyscale PNGs
+                img = np.repeat(img[:, :, :1], 3, axis=2)
+                Image.fromarray(img[:, :, 0], mode="L").save(folder / "grey.png")
+            else:
+                Image.fromarray(img).save(folder / f"{split}_{c}.png")
+            pixels[split, c] = img.transpose(2, 0, 1)
+    d = load_dataset("cinic10", tmp_path)
+    assert d.input_shape == (3, 32, 32) and d.num_classes == 10
+    assert torch.equal(d.train_y, torch.arange(10).repeat(2)) and torch.equal(d.test_y, torch.arange(10))
+    train = np.stack([pixels["train", c] for c in range(10)] + [pixels["valid", c] for c in range(10)])
+    test = np.stack([pixels["test", c] for c in range(10)])
+    _assert_normalised(d, "cinic10", train, test, 10)                   # PNG is lossless: exact pixels
+
+
+def test_cinic10_with_wrong_class_folders_is_rejected(tmp_path):
+    for split in ("train", "valid", "test"):
+        folder = tmp_path / "cinic10" / split / "cats"
+        folder.mkdir(parents=True)
+        Image.new("RGB", (32, 32)).save(folder / "a.png")
+    with pytest.raises(DataError, match="class folders"):
+        load_dataset("cinic10", tmp_path)
+
+
+def _solid(rgbs) -> np.ndarray:
+    """N x 3 x 64 x 64 uint8 images, each one flat colour."""
+    return np.broadcast_to(np.array(rgbs, dtype=np.uint8)[:, :, None, None], (len(rgbs), 3, 64, 64))
+
+
+def test_tiny_imagenet_val_split_is_the_test_set(tmp_path):
+    base = tmp_path / "tiny-imagenet-200"
+    wnids = ["n02124075", "n01443537", "n09999999"]                      # wnids.txt is not sorted
+    colours = {w: (40 * k + 20, 200 - 50 * k, 90) for k, w in enumerate(wnids)}
+    (base / "val" / "images").mkdir(parents=True)
+    (base / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    for w in wnids:
+        (base / "train" / w / "images").mkdir(parents=True)
+        (base / "train" / w / f"{w}_boxes.txt").write_text("")
+        for j in range(2):
+            Image.new("RGB", (64, 64), colours[w]).save(base / "train" / w / "images" / f"{w}_{j}.JPEG")
+    val = ["n09999999", "n02124075", "n02124075", "n01443537"]
+    lines = []
+    for j, w in enumerate(val):
+        mode = "L" if j == 3 else "RGB"                                  # some Tiny-ImageNet images are greyscale
+        colour = colours[w][0] if mode == "L" else colours[w]
+        Image.new(mode, (64, 64), colour).save(base / "val" / "images" / f"val_{j}.JPEG")
+        lines.append(f"val_{j}.JPEG\t{w}\t0\t0\t63\t63")
+    (base / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    d = load_dataset("tiny_imagenet", tmp_path)
+    order = sorted(wnids)
+    assert d.num_classes == 3 and d.input_shape == (3, 64, 64) and len(d.train_x) == 6
+    assert torch.equal(d.train_y, torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert torch.equal(d.test_y, torch.tensor([order.index(w) for w in val]))
+    train_px = _solid([colours[w] for w in order for _ in range(2)])
+    test_px = _solid([colours[w] if j != 3 else (colours[w][0],) * 3 for j, w in enumerate(val)])
+    assert d.train_x.dtype == torch.float32
+    tolerance = 3 / 255 / min(d.std)                                     # JPEG shifts a flat colour by a step or two
+    assert (d.train_x - _expected(train_px, d.mean, d.std)).abs().max() < tolerance
+    assert (d.test_x - _expected(test_px, d.mean, d.std)).abs().max() < tolerance
+
+
+def _leaf_file(path, users: dict):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"users": list(users), "num_samples": [len(v[0]) for v in users.values()],
+                                "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()}}))
+
+
+def _line(seed: int) -> str:
+    return "".join(np.random.default_rng(seed).choice(list(SHAKESPEARE_VOCAB), 80))
+
+
+def test_leaf_vocabulary_has_80_distinct_symbols():
+    assert len(SHAKESPEARE_VOCAB) == 80 == len(set(SHAKESPEARE_VOCAB))
+
+
+@pytest.mark.parametrize("layout", ["shakespeare", "shakespeare/data"])
+def test_shakespeare_leaf_json_with_users_as_groups(tmp_path, layout):
+    base = tmp_path / layout
+    lines = [_line(k) for k in range(7)]
+    _leaf_file(base / "train" / "b.json", {"THE_FOOL": ([lines[3]], ["}"])})
+    _leaf_file(base / "train" / "a.json", {"KING_LEAR": (lines[:2], ["a", "\n"]), "CORDELIA": ([lines[2]], ["Z"])})
+    _leaf_file(base / "test" / "all.json", {"KING_LEAR": ([lines[4]], [" "]), "EDGAR": (lines[5:7], ["?", "0"])})
+    d = load_dataset("shakespeare", tmp_path)
+    assert d.num_classes == 80 and d.input_shape == (80,) and d.mean is None
+    assert d.train_x.dtype == torch.int64 and d.train_y.dtype == torch.int64
+    encode = lambda s: [SHAKESPEARE_VOCAB.index(ch) for ch in s]  # noqa: E731
+    assert d.train_x.tolist() == [encode(s) for s in lines[:4]]         # files in name order, users in file order
+    assert d.train_y.tolist() == encode("a\nZ}") and d.test_y.tolist() == encode(" ?0")
+    assert d.test_x.tolist() == [encode(s) for s in lines[4:]]
+    users = sorted(["THE_FOOL", "KING_LEAR", "CORDELIA", "EDGAR"])
+    assert d.groups.dtype == np.int64 and d.groups.tolist() == [users.index(u) for u in
+                                                                ("KING_LEAR", "KING_LEAR", "CORDELIA", "THE_FOOL")]
+    assert d.test_groups.tolist() == [users.index(u) for u in ("KING_LEAR", "EDGAR", "EDGAR")]
+
+
+@pytest.mark.parametrize("x,y,match", [(["a" * 79], ["b"], "80-character"), (["a" * 79 + "$"], ["b"], r"\['\$'\]"),
+                                       (["a" * 80], ["é"], "é"), (["a" * 80], ["b", "c"], "as many")])
+def test_shakespeare_bad_samples_name_the_file(tmp_path, x, y, match):
+    _leaf_file(tmp_path / "shakespeare" / "train" / "t.json", {"U": (x, y)})
+    _leaf_file(tmp_path / "shakespeare" / "test" / "t.json", {"U": (["a" * 80], ["b"])})
+    with pytest.raises(DataError, match=match) as err:
+        load_dataset("shakespeare", tmp_path)
+    assert str(tmp_path / "shakespeare" / "train" / "t.json") in str(err.value)
+
+
+def test_synthetic_is_deterministic_standardised_and_learnable_but_not_trivial():
+    d = load_dataset("synthetic", DEBIAN_ROOT / "unused")
+    assert d.input_shape == (1, 8, 8) and d.num_classes == 10 and d.groups is None
+    assert len(d.train_x) == 60000 and len(d.test_x) == 10000 and d.train_x.dtype == torch.float32
+    assert abs(d.train_x.mean().item()) < 0.05 and abs(d.train_x.std().item() - 1) < 0.05
+    assert torch.all(torch.bincount(d.train_y, minlength=10) > 5000)
+    _assert_same(d, load_dataset("synthetic", DEBIAN_ROOT))
+    centroids = torch.stack([d.train_x[d.train_y == c].flatten(1).mean(0) for c in range(10)])
+    accuracy = (torch.cdist(d.test_x.flatten(1), centroids).argmin(1) == d.test_y).float().mean().item()
+    assert 0.5 < accuracy < 0.95, accuracy
+
+
+MISSING = {
+    "mnist": (["mnist", "MNIST/raw"], "torchvision.datasets.MNIST"),
+    "emnist_letters": (["emnist", "emnist/gzip", "EMNIST/raw"], "split='letters'"),
+    "cifar10": (["cifar-10-batches-py"], "torchvision.datasets.CIFAR10"),
+    "cifar100": (["cifar-100-python"], "torchvision.datasets.CIFAR100"),
+    "cinic10": (["cinic10", "CINIC-10"], "datashare.ed.ac.uk"),
+    "tiny_imagenet": (["tiny-imagenet-200"], "tiny-imagenet-200.zip"),
+    "shakespeare": (["shakespeare/train", "shakespeare/data/test"], "LEAF"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISSING))
+def test_every_file_backed_set_names_paths_and_fix_when_missing(tmp_path, name):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(DataError) as err:
+        load_dataset(name, missing)
+    folders, fix = MISSING[name]
+    msg = str(err.value)
+    assert all(str(missing / f) in msg for f in folders), msg
+    assert fix in msg and "HPCFL_DATA" in msg
+
+
+def test_every_registered_set_has_a_test():
+    assert set(DATASETS) == set(MISSING) | {"fashion_mnist", "digits", "synthetic"}
