@@ -8,10 +8,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcfl.errors import ConfigError
-from hpcfl.models.common import flat_size, image_shape, require_side
+from hpcfl.models.common import image_shape, require_side
+from hpcfl.models.tcnn import TCNN
 
 
-class LeNet(nn.Module):
+class LeNet(TCNN):
     """FedMA's MNIST LeNet. The paper gives no LeNet table (Table 4 is VGG-9 only); it says "LeNet
     (LeCun et al., 1998) (4 layers)" and Table 3 gives 431k parameters. The classic 4-layer LeNet
     with 20 and 50 5x5 filters and a 500-unit hidden layer has exactly 431,080 on MNIST:
@@ -30,22 +31,7 @@ class LeNet(nn.Module):
     (800 for 1x28x28, 1250 for 3x32x32)."""
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int):
-        super().__init__()
-        channels, _, _ = image_shape(in_shape, "lenet")
-        self.conv1 = nn.Conv2d(channels, 20, 5)
-        self.conv2 = nn.Conv2d(20, 50, 5)
-        flat = flat_size(nn.Sequential(self.conv1, nn.MaxPool2d(2), self.conv2, nn.MaxPool2d(2)),
-                         in_shape, "lenet", min_side=16)
-        self.fc1 = nn.Linear(flat, 500)
-        self.classifier = nn.Linear(500, num_classes)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return F.relu(self.fc1(x.flatten(1)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
+        super().__init__(in_shape, num_classes, feature_dim=500, widths=(20, 50), name="lenet")
 
 
 class VGG9(nn.Module):

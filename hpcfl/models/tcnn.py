@@ -20,14 +20,17 @@ from hpcfl.models.common import flat_size, image_shape
 
 
 class TCNN(nn.Module):
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int, kernel_size: int = 5, feature_dim: int = 512):
+    """Two conv + one hidden FC + classifier; FedMA's LeNet is the same net with other widths."""
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, kernel_size: int = 5, feature_dim: int = 512,
+                 widths: tuple[int, int] = (32, 64), name: str = "tcnn"):
         super().__init__()
-        channels, _, _ = image_shape(in_shape, "tcnn")
-        self.conv1 = nn.Conv2d(channels, 32, kernel_size)
-        self.conv2 = nn.Conv2d(32, 64, kernel_size)
+        channels, _, _ = image_shape(in_shape, name)
+        self.conv1 = nn.Conv2d(channels, widths[0], kernel_size)
+        self.conv2 = nn.Conv2d(widths[0], widths[1], kernel_size)
         min_side = 3 * kernel_size + 1                  # smallest side that leaves >= 1 px after both pools
         flat = flat_size(nn.Sequential(self.conv1, nn.MaxPool2d(2), self.conv2, nn.MaxPool2d(2)),
-                         in_shape, "tcnn", min_side=min_side)
+                         in_shape, name, min_side=min_side)
         self.fc1 = nn.Linear(flat, feature_dim)
         self.classifier = nn.Linear(feature_dim, num_classes)
 
