@@ -42,6 +42,8 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "fmnist_cnn"
+    batchnorm: str = "average"      # average: BN weights and running statistics averaged like every tensor;
+                                    # local: each client keeps its own BN layers (FedBN), the server still averages them
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class TrainConfig:
 class AlgorithmConfig:
     name: str = "fedavg"
     params: dict = field(default_factory=dict)
+    regularizers: dict = field(default_factory=dict)   # local loss terms: ["prox", "moon"] or {prox = {mu = 0.01}}
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,10 @@ class JobConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    def evaluates(self, round: int) -> bool:
+        """Whether the server's model is tested after `round` (every `eval.every` rounds and the last)."""
+        return round % self.eval.every == 0 or round == self.run.rounds - 1
+
     @property
     def run_name(self) -> str:
         return self.run.name or f"{self.algorithm.name}-{self.data.partition}-seed{self.run.seed}"
@@ -96,6 +103,7 @@ CHOICES = {
     "run.device": ("auto", "cpu", "cuda"),
     "train.optimizer": ("sgd", "adam"),
     "train.augment": ("none", "crop_flip"),
+    "model.batchnorm": ("average", "local"),
 }
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads"}
@@ -128,9 +136,13 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def _coerce(path: str, value: Any, kind: type) -> Any:
+    if not isinstance(kind, type):                # e.g. list[int]: checked by the dataclass itself
+        return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is dict:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return {v: {} for v in value}          # a list of names: each with its default parameters
         if not isinstance(value, dict):
             raise ConfigError(f"{path} must be a table (e.g. [{path}]), got {value!r}")
         return value
@@ -155,6 +167,20 @@ def _build(cls, raw: Any, path: str):
         kind = hints[name]
         values[name] = _build(kind, raw[name], key) if dataclasses.is_dataclass(kind) else _coerce(key, raw[name], kind)
     return cls(**values)
+
+
+def params_from(cls: type, raw: Any, where: str):
+    """Build a Params dataclass (an algorithm's, a regularizer's) from a config table, naming bad keys."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{where}] must be a table of parameters, got {raw!r}")
+    hints, names = get_type_hints(cls), [f.name for f in fields(cls)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in [{where}]; valid: {names or 'none'}")
+    try:
+        return cls(**{k: _coerce(f"{where}.{k}", v, hints[k]) for k, v in raw.items()})
+    except ValueError as err:
+        raise ConfigError(f"[{where}]: {err}") from None
 
 
 def _check_values(job: JobConfig) -> None:
@@ -185,6 +211,7 @@ def _check_registries(job: JobConfig) -> None:
     from hpcfl.data.datasets import DATASETS
     from hpcfl.data.partition import check_params
     from hpcfl.models import MODELS
+    from hpcfl.regularizers import regularizer_params
 
     for key, name, registry in (("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
                                 ("algorithm.name", job.algorithm.name, ALGORITHMS)):
@@ -192,6 +219,9 @@ def _check_registries(job: JobConfig) -> None:
             raise ConfigError(f"{key} = {name!r} is unknown; valid: {sorted(registry)}")
     check_params(job.data.partition, job.data.partition_params)
     algorithm_params(job.algorithm.name, job.algorithm.params)
+    for name, raw in job.algorithm.regularizers.items():
+        regularizer_params(name, raw)
+    ALGORITHMS[job.algorithm.name].check(job)
 
 
 def load_job(path: str | Path, overrides: list[str] = ()) -> JobConfig:

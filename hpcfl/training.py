@@ -4,8 +4,6 @@ A client's randomness in a round (batch order, dropout, augmentation) comes from
 (seed, round, client), so its update is the same whichever rank trains it. Losses are accumulated on
 the device and read once per client: no host synchronisation per batch.
 """
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,8 +11,6 @@ from torch import nn
 from hpcfl.config import TrainConfig
 from hpcfl.data.augment import random_crop_flip
 from hpcfl.seeding import torch_generator, torch_seed
-
-ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class LocalTrainer:
@@ -37,8 +33,9 @@ class LocalTrainer:
             out += list(order.split(size))
         return out
 
-    def train(self, model: nn.Module, client, round: int, extra_loss: ExtraLoss | None = None) -> dict[str, float]:
-        """E local epochs of minibatch training on the client's data; returns its mean train loss."""
+    def train(self, model: nn.Module, client, round: int, regularizers=()) -> dict[str, float]:
+        """E local epochs of minibatch training on the client's data, the task loss being cross-entropy
+        on the (regularizer-adjusted) logits plus every regularizer's term; returns the mean loss."""
         torch.manual_seed(torch_seed(self.seed, "client", round, client.id))   # dropout & co.
         model.train()
         opt = self.optimizer(model.parameters())
@@ -50,10 +47,15 @@ class LocalTrainer:
             x, y = client.x[idx], client.y[idx]
             if augment is not None:
                 x = random_crop_flip(x, augment)
-            out = model(x)
-            loss = F.cross_entropy(out, y)
-            if extra_loss is not None:
-                loss = loss + extra_loss(model, x, y, out)
+            features = model.features(x)
+            logits = model.classifier(features)
+            for term in regularizers:
+                logits = term.logits(logits)
+            loss = F.cross_entropy(logits, y)
+            for term in regularizers:
+                extra = term.loss(model, x, y, features, logits)
+                if extra is not None:
+                    loss = loss + extra
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -66,13 +68,24 @@ class LocalTrainer:
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int) -> dict:
     """Accuracy, mean cross-entropy and per-class accuracy of `model` on (x, y)."""
     model.eval()
-    correct = torch.zeros(num_classes, device=y.device)
-    loss = torch.zeros((), device=y.device)
+    predicted, loss = torch.empty_like(y), torch.zeros((), device=y.device)
     for start in range(0, y.shape[0], batch_size):
-        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
-        out = model(xb)
-        loss += F.cross_entropy(out, yb, reduction="sum")
-        correct += torch.bincount(yb[out.argmax(1) == yb], minlength=num_classes)
+        out = model(x[start:start + batch_size])
+        loss += F.cross_entropy(out, y[start:start + batch_size], reduction="sum")
+        predicted[start:start + batch_size] = out.argmax(1)
+    return summarize(predicted, y, loss, num_classes)
+
+
+@torch.no_grad()
+def predict_proba(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Softmax outputs of `model` on x, batch by batch."""
+    model.eval()
+    return torch.cat([F.softmax(model(x[s:s + batch_size]), dim=1) for s in range(0, x.shape[0], batch_size)])
+
+
+def summarize(predicted: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor, num_classes: int) -> dict:
+    """The evaluation record from predicted labels and the summed loss."""
     per_class = torch.bincount(y, minlength=num_classes).clamp(min=1)
-    return {"acc": float(correct.sum()) / y.shape[0], "loss": float(loss) / y.shape[0],
+    correct = torch.bincount(y[predicted == y], minlength=num_classes)
+    return {"acc": float(correct.sum()) / y.shape[0], "loss": float(loss_sum) / y.shape[0],
             "class_acc": (correct / per_class).cpu().numpy()}

@@ -1,8 +1,15 @@
 """Algorithm registry: one class per paper or baseline, both halves in one file."""
-from hpcfl.algorithms.base import Algorithm, params_from
-from hpcfl.algorithms.fedavg import FedAvg
+from hpcfl.algorithms.base import Algorithm
+from hpcfl.algorithms.fedavg import MOON, FedAvg, FedNTD, FedProx, FedRS
+from hpcfl.algorithms.fedavgm import FedAvgM
+from hpcfl.algorithms.feddyn import FedDyn
+from hpcfl.algorithms.fednova import FedNova
+from hpcfl.algorithms.local import Ensemble, LocalOnly
+from hpcfl.algorithms.scaffold import Scaffold
+from hpcfl.config import params_from
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg,)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
+    FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble)}
 
 
 def algorithm_params(name: str, raw: dict) -> Algorithm.Params:

@@ -4,8 +4,11 @@ An algorithm is one class holding both halves of a federated method:
 - it declares a round as a sequence of `Phase`s (`plan`); each phase names the broadcast payloads
   the server sends (`downlink`) and the sum-reduced payloads clients send back (`uplink`, with
   their layouts, so that a rank hosting no sampled client can still take part in the reduction);
-- server hooks run on rank 0: `init_server_state`, `downlink`, `aggregate`, `global_state`;
-- client hooks run on the worker hosting the client: `init_client_state`, `client_update`.
+- server hooks run on rank 0: `init_server_state`, `downlink`, `aggregate`, `global_state`, `evaluate`;
+- client hooks run on the worker hosting the client: `init_client_state`, `client_update`. Local
+  training goes through `train`, which adds the job's regularizers (hpcfl.regularizers) to the
+  algorithm's own local terms; per-client state (`Client.state`) stays on the client's worker and
+  on the CPU between rounds.
 
 Uplinks are *contributions* `(tensors, weight)`: the runtime adds `weight * tensors` into one
 float64 buffer per payload, in a fixed client order, and the reduction sums workers' buffers. So
@@ -13,7 +16,6 @@ an algorithm sends `weight * value` (plus the scalar WEIGHT if it needs the norm
 in `aggregate`: weighted averaging costs one reduce whatever the number of clients.
 Algorithms never import MPI; the runtime and the transport never import a concrete algorithm.
 """
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
@@ -22,7 +24,10 @@ import torch
 from torch import nn
 
 from hpcfl.config import JobConfig
+from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
+from hpcfl.regularizers import Regularizer, build_regularizers
+from hpcfl.training import evaluate
 
 Tensors = dict[str, torch.Tensor]
 Contribution = tuple[Mapping[str, torch.Tensor], float]
@@ -47,6 +52,7 @@ class Client:
     class_counts: np.ndarray
     state: Tensors = field(default_factory=dict)       # kept on CPU between rounds
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
+    test_set: tuple[torch.Tensor, torch.Tensor] | None = None     # the global test set, if the algorithm asks
 
     @property
     def num_samples(self) -> int:
@@ -62,10 +68,28 @@ class Setup:
     num_clients: int
     num_classes: int
     class_counts: np.ndarray              # clients x classes
+    parameter_names: tuple[str, ...]      # state_dict entries that are trained (the rest are buffers)
+    norm_names: tuple[str, ...] = ()      # state_dict entries of BatchNorm layers (weights and statistics)
+    test_size: int = 0                    # samples in the global test set
+
+    @classmethod
+    def of(cls, job: JobConfig, model: nn.Module, class_counts: np.ndarray, test_size: int = 0) -> "Setup":
+        norms = tuple(f"{m}.{t}" if m else t for m, module in model.named_modules()
+                      if isinstance(module, nn.modules.batchnorm._BatchNorm)
+                      for t, _ in module.state_dict().items())
+        return cls(job, Layout.of(model.state_dict()), class_counts.shape[0], class_counts.shape[1], class_counts,
+                   tuple(n for n, _ in model.named_parameters()), norms, test_size)
+
+    @property
+    def parameter_layout(self) -> Layout:
+        keep = [i for i, n in enumerate(self.model_layout.names) if n in set(self.parameter_names)]
+        return Layout(tuple(self.model_layout.names[i] for i in keep), tuple(self.model_layout.shapes[i] for i in keep))
 
 
 class Algorithm:
     name: ClassVar[str]
+    client_test: ClassVar[bool] = False     # clients get the global test set as Client.test_set
+    sgd_only: ClassVar[str] = ""            # why the algorithm needs train.optimizer = "sgd", if it does
 
     @dataclass(frozen=True)
     class Params:
@@ -73,6 +97,13 @@ class Algorithm:
 
     def __init__(self, params: "Algorithm.Params", setup: Setup):
         self.params, self.setup = params, setup
+        self.regularizers: list[Regularizer] = build_regularizers(setup.job.algorithm.regularizers)
+
+    @classmethod
+    def check(cls, job: JobConfig) -> None:
+        """Rules on the whole job beyond the parameters' own types; raise ConfigError naming the fix."""
+        if cls.sgd_only and job.train.optimizer != "sgd":
+            raise ConfigError(f"algorithm '{cls.name}' needs train.optimizer = \"sgd\": {cls.sgd_only}")
 
     # -- server side (rank 0) -------------------------------------------------------------------
     def init_server_state(self, model: nn.Module) -> Tensors:
@@ -88,11 +119,17 @@ class Algorithm:
         raise NotImplementedError
 
     def global_state(self, server_state: Tensors) -> Tensors:
-        """The global model's state_dict, for evaluation."""
+        """The global model's state_dict."""
         return {k[len("model."):]: v for k, v in server_state.items() if k.startswith("model.")}
 
+    def evaluate(self, server_state: Tensors, model: nn.Module, x, y, batch_size: int) -> dict | None:
+        """The server's model on the global test set (None for an algorithm without one)."""
+        load_state(model, self.global_state(server_state))
+        return evaluate(model, x, y, self.setup.num_classes, batch_size)
+
     # -- client side (the worker hosting the client) ---------------------------------------------
-    def init_client_state(self, client: Client) -> Tensors:
+    def init_client_state(self, client: Client, initial_model: nn.Module) -> Tensors:
+        """The client's state before round 0; `initial_model` is the freshly initialised model."""
         return {}
 
     def client_update(self, phase: Phase, round: int, client: Client, downlink: dict[str, Tensors],
@@ -100,10 +137,45 @@ class Algorithm:
         """Returns the uplink contributions by payload name and the client's metrics for the round."""
         raise NotImplementedError
 
+    def start_from(self, model: nn.Module, client: Client, state: Mapping[str, torch.Tensor]) -> None:
+        """Load a received model; with model.batchnorm = "local" the client keeps its own BN layers."""
+        own = {k[len("bn."):]: v for k, v in client.state.items() if k.startswith("bn.")}
+        load_state(model, {**state, **own})
+
+    def train(self, model: nn.Module, client: Client, round: int, trainer, reference: Mapping[str, torch.Tensor],
+              extra: tuple[Regularizer, ...] = ()) -> dict[str, float]:
+        """Local training with the configured regularizers (plus the algorithm's own `extra` terms),
+        `reference` being the model the client started from."""
+        terms = [*self.regularizers, *extra]
+        for term in terms:
+            term.start(model, client, reference)
+        metrics = trainer.train(model, client, round, terms)
+        for term in terms:
+            term.finish(model, client)
+        if self.setup.job.model.batchnorm == "local":
+            client.state.update({f"bn.{k}": v.detach().clone() for k, v in model.state_dict().items()
+                                 if k in self.setup.norm_names})
+        return metrics
+
 
 def weighted_model_layout(setup: Setup) -> Layout:
     """The model's tensors plus the scalar WEIGHT: the uplink of every weighted average."""
     return setup.model_layout + Layout((WEIGHT,), ((),))
+
+
+def weighted_mean(sums: Mapping[str, torch.Tensor]) -> Tensors | None:
+    """Summed contributions divided by their summed WEIGHT; None when nobody contributed."""
+    total = float(sums[WEIGHT])
+    if total == 0.0:
+        return None
+    return {name: value / total for name, value in sums.items() if name != WEIGHT}
+
+
+def assign(server_state: Tensors, prefix: str, values: Mapping[str, torch.Tensor]) -> None:
+    """server_state[prefix + name] <- value, rounding for integer buffers (BatchNorm's step counter)."""
+    for name, value in values.items():
+        target = server_state[prefix + name]
+        target.copy_(value.to(target.dtype) if target.is_floating_point() else torch.round(value).to(target.dtype))
 
 
 def load_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -111,17 +183,3 @@ def load_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor.copy_(state[name])
-
-
-def params_from(cls: type, raw: Mapping[str, Any], where: str):
-    """Build an algorithm's Params from a config table, naming bad keys."""
-    from hpcfl.errors import ConfigError
-
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(raw) - set(names))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in [{where}]; valid: {names or 'none'}")
-    try:
-        return cls(**raw)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"[{where}]: {err}") from None

@@ -1,20 +1,47 @@
-"""FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
-Data", AISTATS 2017, Algorithm 1: each sampled client k starts from the global model w, runs E local
-epochs of minibatch SGD, and the server sets w <- sum_k n_k w_k / sum_k n_k over the cohort.
+"""FedAvg and the baselines that are FedAvg plus one local loss term.
 
-Every state_dict tensor (BatchNorm running statistics included) is averaged the same way.
+FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
+Data", AISTATS 2017, Algorithm 1: each sampled client k starts from the global model w, runs E local
+epochs of minibatch SGD, and the server sets w <- sum_k n_k w_k / sum_k n_k over the cohort. Every
+state_dict tensor (BatchNorm running statistics included) is averaged the same way; with
+`model.batchnorm = "local"` clients keep their own BatchNorm layers (FedBN) while the server's
+average serves the global model.
+
+The presets below are FedAvg with their term (hpcfl.regularizers) and its parameters in
+`[algorithm.params]`; naming the same term in `algorithm.regularizers` instead gives the same run:
+- `fedprox` FedProx, Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020, eq. (2).
+- `moon`    MOON, Li, He & Song, "Model-Contrastive Federated Learning", CVPR 2021, eq. (3)-(4).
+- `fedrs`   FedRS, Li & Zhan, "FedRS: Federated Learning with Restricted Softmax for Label
+            Distribution Non-IID Data", KDD 2021, section 4 (restricted softmax).
+- `fedntd`  FedNTD, Lee et al., "Preservation of the Global Knowledge by Not-True Distillation in
+            Federated Learning", NeurIPS 2022, eq. (4)-(5).
 """
+from typing import ClassVar
+
 import torch
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, load_state, weighted_model_layout
+from hpcfl.algorithms.base import (ONE, WEIGHT, Algorithm, Phase, assign, weighted_mean,
+                                   weighted_model_layout)
+from hpcfl.errors import ConfigError
+from hpcfl.regularizers import NotTrueDistillation, Moon, Prox, Regularizer, RestrictedSoftmax
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    term: ClassVar[type[Regularizer] | None] = None      # a preset's own local term, built from Params
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
+        if self.term:
+            self.regularizers.insert(0, self.term(params))
         self.phase = Phase("train", downlink={"model": setup.model_layout}, uplink={"model": weighted_model_layout(setup)})
+
+    @classmethod
+    def check(cls, job):
+        super().check(job)
+        if cls.term and cls.term.name in job.algorithm.regularizers:
+            raise ConfigError(f"algorithm '{cls.name}' already includes the '{cls.term.name}' term: set its "
+                              f"parameters in [algorithm.params] and drop it from algorithm.regularizers")
 
     def plan(self, round):
         return [self.phase]
@@ -23,17 +50,39 @@ class FedAvg(Algorithm):
         return {"model": self.global_state(server_state)}
 
     def client_update(self, phase, round, client, downlink, model, trainer):
-        load_state(model, downlink["model"])
-        metrics = trainer.train(model, client, round)
+        self.start_from(model, client, downlink["model"])
+        metrics = self.train(model, client, round, trainer, downlink["model"])
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples))}, metrics
 
     def aggregate(self, phase, round, server_state, uplink):
-        sums = uplink["model"]
-        total = float(sums[WEIGHT])
-        if total == 0.0:          # nobody trained: keep the model
+        mean = weighted_mean(uplink["model"])
+        if mean is None:                  # nobody trained: keep the model
             return
-        for name, value in sums.items():
-            if name != WEIGHT:
-                target = server_state[f"model.{name}"]
-                target.copy_((value / total).to(target.dtype) if target.is_floating_point()
-                             else torch.round(value / total).to(target.dtype))
+        params = set(self.setup.parameter_names)
+        assign(server_state, "model.", {n: mean[n] for n in self.setup.model_layout.names if n not in params})
+        self.update_parameters(server_state, mean, uplink)
+
+    def update_parameters(self, server_state, mean, uplink) -> None:
+        """The trained parameters from the cohort's mean `mean` (buffers such as BatchNorm statistics
+        have taken the mean already): FedAvg takes it as is; subclasses apply their server rule."""
+        assign(server_state, "model.", {n: mean[n] for n in self.setup.parameter_names})
+
+    def with_zeros(self, state, prefix: str):
+        """`state` plus a zero tensor `<prefix>.<name>` per trained parameter (server-side variables)."""
+        return {**state, **{f"{prefix}.{n}": torch.zeros_like(state[f"model.{n}"]) for n in self.setup.parameter_names}}
+
+
+class FedProx(FedAvg):
+    name, term, Params = "fedprox", Prox, Prox.Params
+
+
+class MOON(FedAvg):
+    name, term, Params = "moon", Moon, Moon.Params
+
+
+class FedRS(FedAvg):
+    name, term, Params = "fedrs", RestrictedSoftmax, RestrictedSoftmax.Params
+
+
+class FedNTD(FedAvg):
+    name, term, Params = "fedntd", NotTrueDistillation, NotTrueDistillation.Params

@@ -7,6 +7,7 @@ cohort without communication; the only messages are the declared payloads and on
 per-round report (client metrics and per-rank timings, summed onto the server).
 """
 import json
+import resource
 import socket
 import time
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ from hpcfl.data.partition import count_matrix, local_test_sets, partition, valid
 from hpcfl.errors import HpcflError
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
-from hpcfl.payload import Layout
 from hpcfl.runtime.placement import assign_clients, pick_device
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.server import Server
@@ -31,7 +31,9 @@ from hpcfl.seeding import numpy_rng, torch_seed
 from hpcfl.training import LocalTrainer
 from hpcfl.transport import Transport
 
-CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "num_samples")
+CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "test_acc", "num_samples")
+RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes", "client_state_bytes",
+                "max_rss_bytes")
 
 
 class SetupFailed(HpcflError):
@@ -54,6 +56,7 @@ class Job:
     recorder: Recorder | None
     cohorts: np.ndarray
     num_classes: int
+    client_metrics: tuple[str, ...]       # the CLIENT_METRICS this run records
 
 
 def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0,
@@ -99,12 +102,14 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
 
     torch.manual_seed(torch_seed(config.run.seed, "init"))
     model = build_model(config.model.name, data.input_shape, data.num_classes).to(device)
-    setup_ = Setup(config, Layout.of(model.state_dict()), config.data.num_clients, data.num_classes, counts)
+    setup_ = Setup.of(config, model, counts, test_size=int(data.test_y.shape[0]))
     algorithm = ALGORITHMS[config.algorithm.name](algorithm_params(config.algorithm.name, config.algorithm.params),
                                                   setup_)
     worker = server = recorder = None
     if transport.rank in workers:
         clients = {}
+        if algorithm.client_test:
+            test_x, test_y = data.test_x.to(device), data.test_y.to(device)
         for cid, rank in transport.client_rank.items():
             if rank == transport.rank:
                 idx = torch.from_numpy(parts[cid])
@@ -115,11 +120,13 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                 if local_tests is not None:
                     test = torch.from_numpy(local_tests[cid])
                     clients[cid].eval_sets["local_test"] = data.test_x[test].to(device), data.test_y[test].to(device)
-                clients[cid].state = algorithm.init_client_state(clients[cid])
+                if algorithm.client_test:
+                    clients[cid].test_set = test_x, test_y
+                clients[cid].state = algorithm.init_client_state(clients[cid], model)
         worker = Worker(algorithm, clients, model, LocalTrainer(config.train, config.run.seed), device,
                         data.num_classes, config.eval.batch_size)
     if transport.is_server:
-        server = Server(algorithm, model, data.test_x, data.test_y, data.num_classes, config.eval.batch_size, device)
+        server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device)
         recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
         recorder.write_array("partition", counts)
         recorder.write_array("placement", np.array([transport.client_rank[c] for c in range(len(parts))]))
@@ -131,7 +138,10 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
             f"results -> {config.result_path}")
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
-    return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes)
+    measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
+                "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test}
+    return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
+               tuple(k for k, on in measured.items() if on))
 
 
 def run(job: Job, log=print) -> None:
@@ -172,23 +182,28 @@ def _device(job: Job):
 def _evaluate(job: Job, round: int) -> dict:
     """The global model's test metrics on the server, every `eval.every` rounds and at the last."""
     cfg = job.config
-    if not job.server or not (round % cfg.eval.every == 0 or round == cfg.run.rounds - 1):
+    if not job.server or not cfg.evaluates(round):
         return {}
     start = time.perf_counter()
     result = job.server.evaluate()
+    if result is None:                    # no global model (local-only): accuracy is personalised
+        return {}
     return {"round/test_acc": result["acc"], "round/test_loss": result["loss"],
             "class/test_acc": result["class_acc"], "round/eval_s": time.perf_counter() - start}
 
 
 def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
-    """Sum clients' metric rows and each rank's (compute, wait, sent, received) onto the server."""
+    """Sum clients' metric rows and each rank's RANK_METRICS onto the server."""
     transport = job.transport
     for cid in job.worker.clients if job.worker else ():
         rows[cid, CLIENT_METRICS.index("num_samples")] = job.worker.clients[cid].num_samples
     stats = transport.take_stats()
-    ranks = np.zeros((transport.size, 4))
+    ranks = np.zeros((transport.size, len(RANK_METRICS)))
     compute = sum(part.compute_s for part in (job.worker, job.server) if part)
-    ranks[transport.rank] = compute, stats.wait_s, sum(stats.sent.values()), sum(stats.received.values())
+    state = job.worker.client_state_bytes() if job.worker else 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024        # Linux reports KiB
+    ranks[transport.rank] = (compute, stats.wait_s, sum(stats.sent.values()), sum(stats.received.values()), state,
+                             peak)
     for part in (job.worker, job.server):
         if part:
             part.compute_s = 0.0
@@ -199,14 +214,13 @@ def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
 def _record(job, round, cohort, flat, evaluation, phase_s, bytes_down, bytes_up, round_s, log) -> None:
     cfg, n = job.config, job.config.data.num_clients
     rows = flat[:n * len(CLIENT_METRICS)].reshape(n, len(CLIENT_METRICS))
-    ranks = flat[n * len(CLIENT_METRICS):].reshape(job.transport.size, 4)
+    ranks = flat[n * len(CLIENT_METRICS):].reshape(job.transport.size, len(RANK_METRICS))
     sampled = np.zeros(n, dtype=bool)
     sampled[cohort] = True
     values = {}
     for j, key in enumerate(CLIENT_METRICS[:-1]):
-        if key in ("val_acc", "local_test_acc") and not np.isfinite(rows[cohort, j]).all():
-            continue                                       # not configured for this run
-        values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)
+        if key in job.client_metrics:
+            values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)
     if "client/local_test_acc" in values:                  # personalised accuracy across the cohort
         personal = values["client/local_test_acc"][cohort]
         values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
@@ -216,11 +230,16 @@ def _record(job, round, cohort, flat, evaluation, phase_s, bytes_down, bytes_up,
     values.update({f"round/bytes_down/{k}": float(v) for k, v in bytes_down.items()})
     values.update({f"round/bytes_up/{k}": float(v) for k, v in bytes_up.items()})
     values.update({f"round/phase_s/{k}": v for k, v in phase_s.items()})
-    for j, key in enumerate(("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes")):
+    for j, key in enumerate(RANK_METRICS):
         values[f"rank/{key}"] = ranks[:, j]
     values["round/time_s"] = round_s
     job.recorder.append_round(round, values)
-    acc = values.get("round/test_acc")
+    acc, personal = values.get("round/test_acc"), values.get("round/personal_acc_mean")
     text = "" if acc is None else f"test_acc {acc:.4f}  test_loss {values['round/test_loss']:.4f}  "
+    text += "" if personal is None else f"personal_acc {personal:.4f}  "
     log(f"round {round + 1:>4}/{cfg.run.rounds}  {text}train_loss {values['round/train_loss']:.4f}  "
         f"{round_s:6.2f} s")
+    state = values["rank/client_state_bytes"]
+    if round == cfg.run.rounds - 1 and state.any():
+        log("hpcfl: per-client state held on the workers' CPUs: " +
+            ", ".join(f"rank {r} {b / 2**20:.1f} MiB" for r, b in enumerate(state) if b))

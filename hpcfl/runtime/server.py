@@ -7,17 +7,15 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Algorithm, Phase, load_state
-from hpcfl.training import evaluate
+from hpcfl.algorithms.base import Algorithm, Phase
 
 
 class Server:
-    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, test_x, test_y, num_classes: int,
-                 eval_batch: int, device):
+    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, test_x, test_y, eval_batch: int, device):
         self.algorithm, self.model, self.device = algorithm, model, device
         self.state = {k: v.to(device) for k, v in algorithm.init_server_state(model).items()}
         self.test_x, self.test_y = test_x.to(device), test_y.to(device)
-        self.num_classes, self.eval_batch = num_classes, eval_batch
+        self.eval_batch = eval_batch
         self.compute_s = 0.0
 
     def downlink(self, phase: Phase, round: int) -> dict[str, np.ndarray]:
@@ -36,10 +34,9 @@ class Server:
         self.algorithm.aggregate(phase, round, self.state, uplink)
         self.compute_s += time.perf_counter() - start
 
-    def evaluate(self) -> dict:
-        """Test accuracy, loss and per-class accuracy of the global model."""
+    def evaluate(self) -> dict | None:
+        """Test accuracy, loss and per-class accuracy of the server's model (None if it has none)."""
         start = time.perf_counter()
-        load_state(self.model, self.algorithm.global_state(self.state))
-        result = evaluate(self.model, self.test_x, self.test_y, self.num_classes, self.eval_batch)
+        result = self.algorithm.evaluate(self.state, self.model, self.test_x, self.test_y, self.eval_batch)
         self.compute_s += time.perf_counter() - start
         return result

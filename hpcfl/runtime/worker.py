@@ -43,3 +43,7 @@ class Worker:
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start
         return {name: buf.cpu().numpy() for name, buf in sums.items()}
+
+    def client_state_bytes(self) -> int:
+        """Memory held by the hosted clients' persistent state (on the CPU between rounds)."""
+        return sum(t.numel() * t.element_size() for c in self.clients.values() for t in c.state.values())

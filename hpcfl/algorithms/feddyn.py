@@ -1,0 +1,52 @@
+"""FedDyn — Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021, Algorithm 1.
+
+Client k minimises L_k(w) - <g_k, w> + alpha/2 ||w - w^{t-1}||^2 (the linear term and the proximal
+term are local terms like any regularizer), then updates its state g_k <- g_k - alpha (w_k - w^{t-1})
+(g_k, the gradient of its loss at its last local optimum, starts at zero). The server keeps
+h <- h - (alpha / m) sum_{k in cohort} (w_k - w^{t-1}) with m the number of all clients, and sets
+w^t = (1/|cohort|) sum_k w_k - h / alpha. Averaging is uniform over the cohort, as in the paper;
+buffers (BatchNorm statistics) take the plain cohort mean.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from hpcfl.algorithms.base import ONE, WEIGHT
+from hpcfl.algorithms.fedavg import FedAvg
+from hpcfl.regularizers import Linear, Prox
+
+
+class FedDyn(FedAvg):
+    name = "feddyn"
+
+    @dataclass(frozen=True)
+    class Params:
+        alpha: float = 0.01
+
+        def __post_init__(self):
+            if self.alpha <= 0:
+                raise ValueError(f"alpha = {self.alpha} must be > 0 (it divides the server's correction)")
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        self.linear, self.prox = Linear(), Prox(Prox.Params(mu=params.alpha))
+
+    def init_server_state(self, model):
+        return self.with_zeros(super().init_server_state(model), "h")
+
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        start = downlink["model"]
+        grad = {n: client.state.get(f"grad.{n}", torch.zeros_like(start[n])) for n in self.setup.parameter_names}
+        self.linear.vector = {n: -g for n, g in grad.items()}
+        self.start_from(model, client, start)
+        metrics = self.train(model, client, round, trainer, start, extra=(self.linear, self.prox))
+        for n, w in model.named_parameters():
+            client.state[f"grad.{n}"] = grad[n] - self.params.alpha * (w.detach() - start[n])
+        return {"model": ({**model.state_dict(), WEIGHT: ONE}, 1.0)}, metrics
+
+    def update_parameters(self, server_state, mean, uplink):
+        cohort, alpha = float(uplink["model"][WEIGHT]), self.params.alpha     # uniform weights: the cohort size
+        for name in self.setup.parameter_names:
+            weights, h = server_state[f"model.{name}"], server_state[f"h.{name}"]
+            h.sub_(alpha / self.setup.num_clients * cohort * (mean[name] - weights))
+            weights.copy_(mean[name] - h / alpha)

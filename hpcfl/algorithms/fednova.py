@@ -1,0 +1,57 @@
+"""FedNova — Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+Optimization", NeurIPS 2020, eq. (6)-(7) (normalised averaging).
+
+Client i with sample share p_i takes tau_i local steps; its normalised update is
+d_i = (x - y_i) / a_i with a_i = ||a_i||_1 the sum of its step weights, and the server sets
+x <- x - tau_eff * sum_i p_i d_i with tau_eff = sum_i p_i a_i. For plain SGD a_i = tau_i; with
+momentum rho and a proximal term mu, a_i follows the authors' optimiser (JYWa/FedNova): per step
+counter <- rho * counter + 1, a <- a + counter (rho > 0), then a <- (1 - lr mu) a + 1 (mu > 0),
+a <- a + 1 when both are 0. The proximal mu is the `prox` regularizer's, when one is configured.
+Buffers (BatchNorm statistics) take the sample-weighted mean.
+"""
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted_model_layout
+from hpcfl.algorithms.fedavg import FedAvg
+from hpcfl.payload import Layout
+from hpcfl.regularizers import Prox
+
+STEPS = "#steps"          # a_i, summed with weight p_i: tau_eff
+
+
+def normalising_steps(steps: int, momentum: float, lr_mu: float) -> float:
+    """a_i = ||a_i||_1 of the client's local solver after `steps` steps."""
+    total, counter = 0.0, 0.0
+    for _ in range(steps):
+        if momentum:
+            counter = momentum * counter + 1.0
+            total += counter
+        if lr_mu:
+            total = (1.0 - lr_mu) * total + 1.0
+        if not momentum and not lr_mu:
+            total += 1.0
+    return total
+
+
+class FedNova(FedAvg):
+    name = "fednova"
+
+    sgd_only = "its normalisation counts SGD steps (with momentum and prox)"
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        self.phase = Phase("train", downlink={"model": setup.model_layout},
+                           uplink={"model": weighted_model_layout(setup) + Layout((STEPS,), ((),))})
+        mu = sum(term.params.mu for term in self.regularizers if isinstance(term, Prox))
+        self.lr_mu = setup.job.train.lr * mu
+
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        start = downlink["model"]
+        self.start_from(model, client, start)
+        metrics = self.train(model, client, round, trainer, start)
+        a = normalising_steps(int(metrics["steps"]), self.setup.job.train.momentum, self.lr_mu)
+        params = set(self.setup.parameter_names)
+        update = {n: (start[n] - v) / a if n in params else v for n, v in model.state_dict().items()}
+        return {"model": ({**update, STEPS: ONE * a, WEIGHT: ONE}, float(client.num_samples))}, metrics
+
+    def update_parameters(self, server_state, mean, uplink):
+        for name in self.setup.parameter_names:            # mean[STEPS] = tau_eff
+            server_state[f"model.{name}"].sub_(mean[STEPS] * mean[name])

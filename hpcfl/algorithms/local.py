@@ -1,0 +1,101 @@
+"""Baselines without a global model: every client trains only its own model.
+
+- `local_only`: no communication at all. Each client continues from its own model every time it is
+  sampled (the shared initial model at its first round); accuracy is personalised, measured on the
+  client's own held-out data (FedClassAvg Table 2, "Baseline (local training)"), so the job must
+  set data.local_test_ratio or data.validation_fraction.
+- `ensemble`: the same local models, and the prediction of the ensemble of all of them on the
+  global test set, averaging their softmax outputs (FedMA, Wang et al., ICLR 2020, Tables 1-2,
+  "Ensemble"). The averaged probabilities are a sum over clients, so they travel as one sum-reduced
+  payload on evaluation rounds. Every client must train every round (clients_per_round = num_clients)
+  so that every local model votes; each client also reports its own model's test accuracy.
+"""
+import torch
+import torch.nn.functional as F
+
+from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, load_state, weighted_mean
+from hpcfl.errors import ConfigError
+from hpcfl.payload import Layout
+from hpcfl.training import predict_proba, summarize
+
+PROBS = "probs"
+
+
+class LocalOnly(Algorithm):
+    name = "local_only"
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        self.initial = None
+
+    @classmethod
+    def check(cls, job):
+        if job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
+            raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
+                              "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "
+                              "data.validation_fraction (e.g. 0.2)")
+
+    def plan(self, round):
+        return [Phase("train")]
+
+    def downlink(self, phase, round, server_state):
+        return {}
+
+    def aggregate(self, phase, round, server_state, uplink):
+        pass
+
+    def evaluate(self, server_state, model, x, y, batch_size):
+        return None
+
+    def init_client_state(self, client, initial_model):
+        if self.initial is None:       # one shared copy; a client's own model is stored once it trains
+            self.initial = {k: v.detach().clone().cpu() for k, v in initial_model.state_dict().items()}
+        return {}
+
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        own = {k[len("model."):]: v for k, v in client.state.items() if k.startswith("model.")} or self.initial
+        load_state(model, own)
+        metrics = self.train(model, client, round, trainer, own)
+        client.state.update({f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()})
+        return {}, metrics
+
+
+class Ensemble(LocalOnly):
+    name = "ensemble"
+    client_test = True
+
+    @classmethod
+    def check(cls, job):
+        if job.train.clients_per_round != job.data.num_clients:
+            raise ConfigError(f"algorithm 'ensemble' combines every client's local model: set "
+                              f"train.clients_per_round = data.num_clients ({job.data.num_clients})")
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        probs = Layout((PROBS, WEIGHT), ((setup.test_size, setup.num_classes), ()))
+        self.phases = [Phase("train")], [Phase("train", uplink={PROBS: probs})]
+
+    def plan(self, round):
+        return self.phases[self.setup.job.evaluates(round)]
+
+    def init_server_state(self, model):
+        return {PROBS: torch.full((self.setup.test_size, self.setup.num_classes), 1.0 / self.setup.num_classes)}
+
+    def aggregate(self, phase, round, server_state, uplink):
+        mean = weighted_mean(uplink[PROBS]) if PROBS in uplink else None
+        if mean is not None:
+            server_state[PROBS].copy_(mean[PROBS])
+
+    def evaluate(self, server_state, model, x, y, batch_size):
+        probs = server_state[PROBS].to(y.device)
+        loss = F.nll_loss(probs.clamp(min=1e-12).log(), y, reduction="sum")
+        return summarize(probs.argmax(1), y, loss, self.setup.num_classes)
+
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        contributions, metrics = super().client_update(phase, round, client, downlink, model, trainer)
+        if PROBS in phase.uplink:         # evaluation rounds: this model's vote, and its own accuracy
+            x, y = client.test_set
+            probs = predict_proba(model, x, self.setup.job.eval.batch_size)
+            metrics["test_acc"] = float((probs.argmax(1) == y).float().mean())
+            contributions[PROBS] = ({PROBS: probs, WEIGHT: ONE}, 1.0)
+        return contributions, metrics

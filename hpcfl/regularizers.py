@@ -1,0 +1,188 @@
+"""Local loss terms: small pieces added to a client's task loss, composable by configuration.
+
+A job names them in `[algorithm] regularizers = ["prox", "moon"]` (parameters in
+`[algorithm.regularizers.<name>]`), and any algorithm trains with them, so FedProx is FedAvg plus
+`prox` and FedFM's feature matching can be added to MOON or FedNova by configuration.
+
+A term sees the round's reference model (what the client received, `start`), may rescale the logits
+before the task loss (`logits`), adds to the loss each batch (`loss`), and may keep per-client state
+that lives with the client on its worker, off the GPU between rounds (`finish`, keys `<name>.*`).
+
+- `prox`   FedProx, Li et al., MLSys 2020, eq. (2): mu/2 * ||w - w_ref||^2 over the parameters.
+- `moon`   MOON, Li, He & Song, CVPR 2021, eq. (2)-(3): mu * -log(e^{sim(z,z_glob)/T} /
+           (e^{sim(z,z_glob)/T} + e^{sim(z,z_prev)/T})), z = features(x), cosine similarity; z_prev
+           from the client's model at the end of its previous participation (the reference model at
+           its first, as in the authors' code, which starts the model pool from the global model).
+- `fedrs`  FedRS, Li & Zhan, KDD 2021, restricted softmax: logits of class c scaled by
+           s_c = alpha + (1 - alpha) * n_c / max_c' n_c', as in the authors' code (lxcnju/FedRepo): a
+           class the client lacks gets alpha, its most frequent class 1. Their code scales W h and
+           leaves the bias out of the local logits; here the whole logit (bias included) is scaled,
+           so the model trained is the model evaluated.
+- `ntd`    FedNTD, Lee et al., NeurIPS 2022, eq. (4): beta * tau^2 * KL(q_glob || q_local) over the
+           not-true classes, both softmaxes at temperature tau (tau^2 scaling and the defaults beta = 1,
+           tau = 3 as in the authors' code).
+"""
+import copy
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcfl.config import params_from
+from hpcfl.errors import ConfigError
+
+Tensors = dict[str, torch.Tensor]
+
+
+class Regularizer:
+    name: ClassVar[str]
+
+    @dataclass(frozen=True)
+    class Params:
+        pass
+
+    def __init__(self, params):
+        self.params = params
+
+    def start(self, model: nn.Module, client, reference: Mapping[str, torch.Tensor]) -> None:
+        """Before local training: `reference` is the model state the client started from."""
+
+    def logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def loss(self, model: nn.Module, x, y, features, logits) -> torch.Tensor | None:
+        return None
+
+    def finish(self, model: nn.Module, client) -> None:
+        """After local training: update the client's state."""
+
+
+class Frozen:
+    """A copy of the model, made once per worker and reused, that holds a reference state and runs
+    without gradients in eval mode (no dropout; BatchNorm uses its running statistics)."""
+
+    def __init__(self):
+        self.net: nn.Module | None = None
+
+    def load(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+        if self.net is None:
+            self.net = copy.deepcopy(model).requires_grad_(False).eval()
+        with torch.no_grad():
+            for name, tensor in self.net.state_dict().items():
+                tensor.copy_(state[name])
+
+
+class Prox(Regularizer):
+    name = "prox"
+
+    @dataclass(frozen=True)
+    class Params:
+        mu: float = 0.01
+
+    def start(self, model, client, reference):
+        self.reference = {n: reference[n].detach() for n, _ in model.named_parameters()}
+
+    def loss(self, model, x, y, features, logits):
+        return 0.5 * self.params.mu * sum(((p - self.reference[n]) ** 2).sum() for n, p in model.named_parameters())
+
+
+class Linear(Regularizer):
+    """<v, w> over the parameters, for a per-client vector v the algorithm sets (SCAFFOLD's c - c_i,
+    FedDyn's -grad): its gradient adds v to every step's gradient. Not selectable by name."""
+
+    name = "linear"
+
+    def __init__(self):
+        super().__init__(None)
+        self.vector: Tensors = {}
+
+    def loss(self, model, x, y, features, logits):
+        return sum((self.vector[n] * p).sum() for n, p in model.named_parameters())
+
+
+class Moon(Regularizer):
+    name = "moon"
+
+    @dataclass(frozen=True)
+    class Params:
+        mu: float = 1.0
+        temperature: float = 0.5
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.global_model, self.previous_model = Frozen(), Frozen()
+
+    def start(self, model, client, reference):
+        previous = {k[len("moon.previous."):]: v for k, v in client.state.items() if k.startswith("moon.previous.")}
+        self.global_model.load(model, reference)
+        self.previous_model.load(model, previous or reference)
+
+    def loss(self, model, x, y, features, logits):
+        with torch.no_grad():
+            z_global, z_previous = self.global_model.net.features(x), self.previous_model.net.features(x)
+        positive = F.cosine_similarity(features, z_global, dim=1) / self.params.temperature
+        negative = F.cosine_similarity(features, z_previous, dim=1) / self.params.temperature
+        # -log(e^p / (e^p + e^n)) = logsumexp(p, n) - p
+        return self.params.mu * (torch.logaddexp(positive, negative) - positive).mean()
+
+    def finish(self, model, client):
+        client.state.update({f"moon.previous.{k}": v.detach().clone() for k, v in model.state_dict().items()})
+
+
+class RestrictedSoftmax(Regularizer):
+    name = "fedrs"
+
+    @dataclass(frozen=True)
+    class Params:
+        alpha: float = 0.5
+
+    def start(self, model, client, reference):
+        counts = torch.as_tensor(client.class_counts, dtype=torch.float32, device=client.y.device)
+        self.scale = self.params.alpha + (1.0 - self.params.alpha) * counts / counts.max().clamp(min=1.0)
+
+    def logits(self, logits):
+        return logits * self.scale
+
+
+class NotTrueDistillation(Regularizer):
+    name = "ntd"
+
+    @dataclass(frozen=True)
+    class Params:
+        beta: float = 1.0
+        tau: float = 3.0          # the authors' default (Lee-Gihun/FedNTD, NTD_Loss)
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.global_model = Frozen()
+
+    def start(self, model, client, reference):
+        self.global_model.load(model, reference)
+
+    def loss(self, model, x, y, features, logits):
+        with torch.no_grad():
+            teacher = self.global_model.net(x)
+        not_true = ~F.one_hot(y, logits.shape[1]).bool()
+        rows = y.shape[0]
+        tau = self.params.tau
+        local = F.log_softmax(logits[not_true].view(rows, -1) / tau, dim=1)
+        target = F.softmax(teacher[not_true].view(rows, -1) / tau, dim=1)
+        kl = F.kl_div(local, target, reduction="batchmean")
+        return self.params.beta * tau ** 2 * kl
+
+
+REGULARIZERS: dict[str, type[Regularizer]] = {
+    cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation)}
+
+
+def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:
+    """The named term's Params from its config table, naming bad keys."""
+    if name not in REGULARIZERS:
+        raise ConfigError(f"algorithm.regularizers: '{name}' is unknown; valid: {sorted(REGULARIZERS)}")
+    return params_from(REGULARIZERS[name].Params, raw, f"algorithm.regularizers.{name}")
+
+
+def build_regularizers(tables: Mapping[str, Mapping]) -> list[Regularizer]:
+    return [REGULARIZERS[name](regularizer_params(name, raw)) for name, raw in tables.items()]
