@@ -4,7 +4,8 @@ A job names them in `[algorithm] regularizers = ["prox", "moon"]` (parameters in
 `[algorithm.regularizers.<name>]`), and any algorithm trains with them, so FedProx is FedAvg plus
 `prox` and FedFM's feature matching can be added to MOON or FedNova by configuration.
 
-A term sees the round's reference model (what the client received, `start`), may rescale the logits
+A term sees what the client received this round (`start`: the reference model under "model", and
+payloads such as FedFM's global anchors under "anchors"), may rescale the logits
 before the task loss (`logits`), adds to the loss each batch (`loss`), and may keep per-client state
 that lives with the client on its worker, off the GPU between rounds (`finish`, keys `<name>.*`).
 
@@ -18,6 +19,12 @@ that lives with the client on its worker, off the GPU between rounds (`finish`, 
            class the client lacks gets alpha, its most frequent class 1. Their code scales W h and
            leaves the bias out of the local logits; here the whole logit (bias included) is scaled,
            so the model trained is the model evaluated.
+- `fm_cg`  FedFM, Ye et al., "FedFM: Anchor-based Feature Matching for Data Heterogeneity in
+           Federated Learning", IEEE TSP 2023, section IV-C: weight * CE(softmax(<a_n, z> / tau), c)
+           over the C global anchors a_n, with z = features(x) and the anchors L2-normalised (the
+           authors' code), from round `start_round` (T_s) on. `fm_l2`: eq. (3), weight * ||z - a_c||^2
+           (mean over the batch).
+           Both need global anchors: the algorithm adds FedFM's anchor phase (hpcfl.anchors) to its rounds.
 - `ntd`    FedNTD, Lee et al., NeurIPS 2022, eq. (4): beta * tau^2 * KL(q_glob || q_local) over the
            not-true classes, both softmaxes at temperature tau (tau^2 scaling and the defaults beta = 1,
            tau = 3 as in the authors' code).
@@ -46,8 +53,10 @@ class Regularizer:
     def __init__(self, params):
         self.params = params
 
-    def start(self, model: nn.Module, client, reference: Mapping[str, torch.Tensor]) -> None:
-        """Before local training: `reference` is the model state the client started from."""
+    needs_anchors: ClassVar[bool] = False
+
+    def start(self, model: nn.Module, client, round: int, received: Mapping[str, Tensors]) -> None:
+        """Before local training; received["model"] is the model state the client started from."""
 
     def logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits
@@ -81,8 +90,8 @@ class Prox(Regularizer):
     class Params:
         mu: float = 0.01
 
-    def start(self, model, client, reference):
-        self.reference = {n: reference[n].detach() for n, _ in model.named_parameters()}
+    def start(self, model, client, round, received):
+        self.reference = {n: received["model"][n].detach() for n, _ in model.named_parameters()}
 
     def loss(self, model, x, y, features, logits):
         return 0.5 * self.params.mu * sum(((p - self.reference[n]) ** 2).sum() for n, p in model.named_parameters())
@@ -114,10 +123,10 @@ class Moon(Regularizer):
         super().__init__(params)
         self.global_model, self.previous_model = Frozen(), Frozen()
 
-    def start(self, model, client, reference):
+    def start(self, model, client, round, received):
         previous = {k[len("moon.previous."):]: v for k, v in client.state.items() if k.startswith("moon.previous.")}
-        self.global_model.load(model, reference)
-        self.previous_model.load(model, previous or reference)
+        self.global_model.load(model, received["model"])
+        self.previous_model.load(model, previous or received["model"])
 
     def loss(self, model, x, y, features, logits):
         with torch.no_grad():
@@ -138,7 +147,7 @@ class RestrictedSoftmax(Regularizer):
     class Params:
         alpha: float = 0.5
 
-    def start(self, model, client, reference):
+    def start(self, model, client, round, received):
         counts = torch.as_tensor(client.class_counts, dtype=torch.float32, device=client.y.device)
         self.scale = self.params.alpha + (1.0 - self.params.alpha) * counts / counts.max().clamp(min=1.0)
 
@@ -158,8 +167,8 @@ class NotTrueDistillation(Regularizer):
         super().__init__(params)
         self.global_model = Frozen()
 
-    def start(self, model, client, reference):
-        self.global_model.load(model, reference)
+    def start(self, model, client, round, received):
+        self.global_model.load(model, received["model"])
 
     def loss(self, model, x, y, features, logits):
         with torch.no_grad():
@@ -173,8 +182,53 @@ class NotTrueDistillation(Regularizer):
         return self.params.beta * tau ** 2 * kl
 
 
+class FeatureMatching(Regularizer):
+    """Pulls each sample's features towards its class's global anchor (FedFM); off before `start_round`."""
+
+    needs_anchors = True
+
+    @dataclass(frozen=True)
+    class Params:
+        weight: float = 50.0             # lambda
+        tau: float = 0.1                 # contrastive guiding's temperature (alpha in section IV-C)
+        start_round: int = 20            # T_s: plain training before it
+        anchor_weighting: str = "samples"   # samples (eq. 9) | uniform (Table VI)
+
+        def __post_init__(self):
+            if self.anchor_weighting not in ("samples", "uniform"):
+                raise ValueError(f"anchor_weighting = {self.anchor_weighting!r}; choose 'samples' or 'uniform'")
+
+    def start(self, model, client, round, received):
+        self.active = round >= self.params.start_round
+        if self.active:
+            self.anchors = received["anchors"]["anchors"]
+
+    def loss(self, model, x, y, features, logits):
+        return self.params.weight * self.match(features, y) if self.active else None
+
+
+class ContrastiveGuiding(FeatureMatching):
+    name = "fm_cg"
+
+    def match(self, features, y):
+        similarity = F.normalize(features, dim=1) @ F.normalize(self.anchors, dim=1).T
+        return F.cross_entropy(similarity / self.params.tau, y)
+
+
+class L2Matching(FeatureMatching):
+    name = "fm_l2"
+
+    @dataclass(frozen=True)
+    class Params(FeatureMatching.Params):
+        weight: float = 0.01             # ours: the paper gives lambda = 50 for CG only; squared feature
+                                         # distances are far larger than a cross-entropy
+
+    def match(self, features, y):
+        return ((features - self.anchors[y]) ** 2).sum(1).mean()
+
+
 REGULARIZERS: dict[str, type[Regularizer]] = {
-    cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation)}
+    cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching)}
 
 
 def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:

@@ -44,7 +44,7 @@ def test_prox_is_half_mu_times_the_squared_distance_and_its_gradient():
         model.weight.copy_(torch.tensor([[1.0, 2.0]]))
         model.bias.copy_(torch.tensor([0.5]))
     term = Prox(Prox.Params(mu=0.5))
-    term.start(model, _client(), {"weight": torch.zeros(1, 2), "bias": torch.zeros(1)})
+    term.start(model, _client(), 0, {"model": {"weight": torch.zeros(1, 2), "bias": torch.zeros(1)}})
     loss = term.loss(model, None, None, None, None)
     assert loss.item() == pytest.approx(0.25 * (1 + 4 + 0.25))
     loss.backward()
@@ -71,10 +71,10 @@ def test_moon_contrasts_the_global_and_the_previous_representation():
     term, client = Moon(Moon.Params(mu=1.0, temperature=0.5)), _client()
     x = torch.tensor([[1.0, 2.0], [-3.0, 0.5]])
     reference = _state(model)                       # global representation = this model's: cos = 1
-    term.start(model, client, reference)            # first participation: previous = global
+    term.start(model, client, 0, {"model": reference})  # first participation: previous = global
     assert term.loss(model, x, None, model.features(x), None).item() == pytest.approx(math.log(2))
     client.state = {f"moon.previous.{k}": v for k, v in _state(model, **{"body.weight": -torch.eye(2)}).items()}
-    term.start(model, client, reference)            # previous representation = -z: cos = -1
+    term.start(model, client, 1, {"model": reference})  # previous representation = -z: cos = -1
     # -log(e^{1/T} / (e^{1/T} + e^{-1/T})) with T = 0.5
     assert term.loss(model, x, None, model.features(x), None).item() == pytest.approx(math.log(1 + math.exp(-4)))
     with torch.no_grad():
@@ -85,7 +85,7 @@ def test_moon_contrasts_the_global_and_the_previous_representation():
 
 def test_fedrs_scales_logits_by_the_class_presence():
     term = RestrictedSoftmax(RestrictedSoftmax.Params(alpha=0.5))
-    term.start(TinyNet(), _client(counts=(4, 0, 2)), {})
+    term.start(TinyNet(), _client(counts=(4, 0, 2)), 0, {})
     # s_c = 0.5 + 0.5 n_c / max n = [1, 0.5, 0.75]
     assert torch.allclose(term.logits(torch.tensor([[2.0, 2.0, 2.0]])), torch.tensor([[2.0, 1.0, 1.5]]))
 
@@ -95,7 +95,7 @@ def test_ntd_distils_only_the_not_true_classes(tau):
     model = TinyNet()
     reference = _state(model, **{"classifier.weight": torch.zeros(3, 2), "classifier.bias": torch.tensor([5.0, 1.0, 1.0])})
     term = NotTrueDistillation(NotTrueDistillation.Params(beta=2.0, tau=tau))
-    term.start(model, _client(), reference)
+    term.start(model, _client(), 0, {"model": reference})
     local = torch.tensor([[1.0, 2.0, 3.0]])          # true class 0 is dropped: not-true logits [2, 3]
     loss = term.loss(model, torch.zeros(1, 2), torch.tensor([0]), None, local)
     # teacher's not-true softmax is [1/2, 1/2]; -log softmax([2, 3] / tau) = [1/tau + s, s], s = log(1 + e^{-1/tau})
@@ -113,7 +113,7 @@ def test_regularizers_are_configured_by_list_or_table():
     terms = build_regularizers(table.algorithm.regularizers)
     assert [(t.name, t.params) for t in terms] == [("prox", Prox.Params(mu=0.1)),
                                                    ("ntd", NotTrueDistillation.Params(beta=0.3))]
-    assert set(REGULARIZERS) == {"prox", "moon", "fedrs", "ntd"}
+    assert set(REGULARIZERS) == {"prox", "moon", "fedrs", "ntd", "fm_cg", "fm_l2"}
 
 
 @pytest.mark.parametrize("algorithm, message", [

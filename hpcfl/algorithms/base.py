@@ -10,12 +10,17 @@ An algorithm is one class holding both halves of a federated method:
   algorithm's own local terms; per-client state (`Client.state`) stays on the client's worker and
   on the CPU between rounds.
 
+The runtime calls `phases`, `make_downlink`, `aggregate_uplink`, `receive` and `update_client`,
+which add FedFM's anchor phase (hpcfl.anchors) to any algorithm whose job has a feature-matching
+term, and otherwise hand over to the hooks above.
+
 Uplinks are *contributions* `(tensors, weight)`: the runtime adds `weight * tensors` into one
 float64 buffer per payload, in a fixed client order, and the reduction sums workers' buffers. So
 an algorithm sends `weight * value` (plus the scalar WEIGHT if it needs the normaliser) and divides
 in `aggregate`: weighted averaging costs one reduce whatever the number of clients.
 Algorithms never import MPI; the runtime and the transport never import a concrete algorithm.
 """
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hpcfl.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
 from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
@@ -71,6 +77,7 @@ class Setup:
     parameter_names: tuple[str, ...]      # state_dict entries that are trained (the rest are buffers)
     norm_names: tuple[str, ...] = ()      # state_dict entries of BatchNorm layers (weights and statistics)
     test_size: int = 0                    # samples in the global test set
+    feature_dim: int = 0                  # width of features(x)
 
     @classmethod
     def of(cls, job: JobConfig, model: nn.Module, class_counts: np.ndarray, test_size: int = 0) -> "Setup":
@@ -78,7 +85,8 @@ class Setup:
                       if isinstance(module, nn.modules.batchnorm._BatchNorm)
                       for t, _ in module.state_dict().items())
         return cls(job, Layout.of(model.state_dict()), class_counts.shape[0], class_counts.shape[1], class_counts,
-                   tuple(n for n, _ in model.named_parameters()), norms, test_size)
+                   tuple(n for n, _ in model.named_parameters()), norms, test_size,
+                   getattr(getattr(model, "classifier", None), "in_features", 0))
 
     @property
     def parameter_layout(self) -> Layout:
@@ -90,6 +98,8 @@ class Algorithm:
     name: ClassVar[str]
     client_test: ClassVar[bool] = False     # clients get the global test set as Client.test_set
     sgd_only: ClassVar[str] = ""            # why the algorithm needs train.optimizer = "sgd", if it does
+    anchor_phase: ClassVar[bool] = True     # a feature-matching term adds FedFM's anchor phase to each round
+    global_model: ClassVar[bool] = True     # False: no single global model (local-only, ensemble)
 
     @dataclass(frozen=True)
     class Params:
@@ -98,16 +108,80 @@ class Algorithm:
     def __init__(self, params: "Algorithm.Params", setup: Setup):
         self.params, self.setup = params, setup
         self.regularizers: list[Regularizer] = build_regularizers(setup.job.algorithm.regularizers)
+        self.carried: dict[str, Tensors] = {}       # client side: what earlier phases of the round received
+
+    @property
+    def matching(self) -> Regularizer | None:
+        """The feature-matching term (FedFM), if the job has one: it needs global anchors."""
+        return next((t for t in self.regularizers if t.needs_anchors), None)
+
+    def anchors_on(self, round: int) -> bool:
+        return self.matching is not None and round >= self.matching.params.start_round
 
     @classmethod
     def check(cls, job: JobConfig) -> None:
         """Rules on the whole job beyond the parameters' own types; raise ConfigError naming the fix."""
         if cls.sgd_only and job.train.optimizer != "sgd":
             raise ConfigError(f"algorithm '{cls.name}' needs train.optimizer = \"sgd\": {cls.sgd_only}")
+        from hpcfl.regularizers import REGULARIZERS
+        matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
+        if len(matching) > 1:
+            raise ConfigError(f"algorithm.regularizers has {matching}: use one feature-matching term")
+
+    # -- what the runtime calls: the algorithm's own hooks plus the anchor phase of feature matching --
+    def phases(self, round: int) -> list[Phase]:
+        """The round's phases. With a feature-matching term (from its start round) the round opens with
+        FedFM's anchor phase, which sends the model; the algorithm's phases then send the anchors
+        instead (the clients keep the model they got)."""
+        own = self.plan(round)
+        if not (self.anchor_phase and self.anchors_on(round)):
+            return own
+        down, up = anchor_layouts(self.setup.num_classes, self.setup.feature_dim)
+        first = Phase(ANCHORS, downlink={"model": self.setup.model_layout, ANCHORS: down}, uplink={ANCHORS: up})
+        return [first, *(dataclasses.replace(p, downlink={**{k: v for k, v in p.downlink.items() if k != "model"},
+                                                          ANCHORS: down}) for p in own)]
+
+    def make_downlink(self, phase: Phase, round: int, server_state: Tensors) -> dict[str, Tensors]:
+        if phase.name == ANCHORS and ANCHORS in phase.uplink:
+            return {"model": self.global_state(server_state), ANCHORS: self.anchor_state(server_state)}
+        payloads = self.downlink(phase, round, server_state) if phase.downlink.keys() - {ANCHORS} else {}
+        if ANCHORS in phase.downlink:
+            payloads[ANCHORS] = self.anchor_state(server_state)
+        return payloads
+
+    def aggregate_uplink(self, phase: Phase, round: int, server_state: Tensors, uplink: dict[str, Tensors]) -> None:
+        if phase.name == ANCHORS and ANCHORS in phase.uplink:
+            update_anchors(self.anchor_state(server_state), uplink[ANCHORS])
+        else:
+            self.aggregate(phase, round, server_state, uplink)
+
+    def receive(self, phase: Phase, round: int, downlink: dict[str, Tensors]) -> None:
+        """Every worker rank, once per phase, whether or not it hosts a sampled client."""
+        if phase.name == ANCHORS and ANCHORS in phase.uplink:
+            self.carried = downlink
+
+    def update_client(self, phase: Phase, round: int, client: Client, downlink: dict[str, Tensors],
+                      model: nn.Module, trainer) -> tuple[dict[str, Contribution], dict[str, float]]:
+        if phase.name == ANCHORS and ANCHORS in phase.uplink:
+            self.start_from(model, client, downlink["model"])
+            return {ANCHORS: (self.local_anchors(model, client, downlink), 1.0)}, {}
+        return self.client_update(phase, round, client, {**self.carried, **downlink}, model, trainer)
+
+    def anchor_state(self, server_state: Tensors) -> Tensors:
+        """The server's global anchors (views into server_state)."""
+        return {k: server_state[f"{ANCHORS}.{k}"] for k in ("anchors", "known")}
+
+    def local_anchors(self, model: nn.Module, client: Client, received: dict[str, Tensors]) -> Tensors:
+        return local_anchors(model, client.x, client.y, self.setup.job.eval.batch_size,
+                             self.matching.params.anchor_weighting, received[ANCHORS])
 
     # -- server side (rank 0) -------------------------------------------------------------------
     def init_server_state(self, model: nn.Module) -> Tensors:
-        return {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+        state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+        if self.matching is not None:
+            state.update({f"{ANCHORS}.{k}": v for k, v in initial_anchors(self.setup.num_classes,
+                                                                          self.setup.feature_dim).items()})
+        return state
 
     def plan(self, round: int) -> list[Phase]:
         raise NotImplementedError
@@ -142,13 +216,13 @@ class Algorithm:
         own = {k[len("bn."):]: v for k, v in client.state.items() if k.startswith("bn.")}
         load_state(model, {**state, **own})
 
-    def train(self, model: nn.Module, client: Client, round: int, trainer, reference: Mapping[str, torch.Tensor],
+    def train(self, model: nn.Module, client: Client, round: int, trainer, received: Mapping[str, Tensors],
               extra: tuple[Regularizer, ...] = ()) -> dict[str, float]:
-        """Local training with the configured regularizers (plus the algorithm's own `extra` terms),
-        `reference` being the model the client started from."""
+        """Local training with the configured regularizers (plus the algorithm's own `extra` terms);
+        `received` holds what the client got this round, received["model"] the model it started from."""
         terms = [*self.regularizers, *extra]
         for term in terms:
-            term.start(model, client, reference)
+            term.start(model, client, round, received)
         metrics = trainer.train(model, client, round, terms)
         for term in terms:
             term.finish(model, client)

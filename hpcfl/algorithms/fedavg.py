@@ -15,6 +15,11 @@ The presets below are FedAvg with their term (hpcfl.regularizers) and its parame
             Distribution Non-IID Data", KDD 2021, section 4 (restricted softmax).
 - `fedntd`  FedNTD, Lee et al., "Preservation of the Global Knowledge by Not-True Distillation in
             Federated Learning", NeurIPS 2022, eq. (4)-(5).
+- `fedfm`   FedFM, Ye et al., "FedFM: Anchor-based Feature Matching for Data Heterogeneity in
+            Federated Learning", IEEE TSP 2023, Algorithm 1 with contrastive guiding (section IV-C):
+            each round from T_s on opens with the anchor phase (eq. 8-9, hpcfl.anchors), then clients
+            train with CE + lambda * CG and the server averages the models (eq. 11). `fm_l2` as a
+            regularizer on `fedavg` gives the l2 variant (eq. 3, 10).
 """
 from typing import ClassVar
 
@@ -23,7 +28,8 @@ import torch
 from hpcfl.algorithms.base import (ONE, WEIGHT, Algorithm, Phase, assign, weighted_mean,
                                    weighted_model_layout)
 from hpcfl.errors import ConfigError
-from hpcfl.regularizers import NotTrueDistillation, Moon, Prox, Regularizer, RestrictedSoftmax
+from hpcfl.regularizers import (ContrastiveGuiding, Moon, NotTrueDistillation, Prox, Regularizer,
+                                 RestrictedSoftmax)
 
 
 class FedAvg(Algorithm):
@@ -51,7 +57,7 @@ class FedAvg(Algorithm):
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         self.start_from(model, client, downlink["model"])
-        metrics = self.train(model, client, round, trainer, downlink["model"])
+        metrics = self.train(model, client, round, trainer, downlink)
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples))}, metrics
 
     def aggregate(self, phase, round, server_state, uplink):
@@ -86,3 +92,7 @@ class FedRS(FedAvg):
 
 class FedNTD(FedAvg):
     name, term, Params = "fedntd", NotTrueDistillation, NotTrueDistillation.Params
+
+
+class FedFM(FedAvg):
+    name, term, Params = "fedfm", ContrastiveGuiding, ContrastiveGuiding.Params

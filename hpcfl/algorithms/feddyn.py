@@ -39,7 +39,7 @@ class FedDyn(FedAvg):
         grad = {n: client.state.get(f"grad.{n}", torch.zeros_like(start[n])) for n in self.setup.parameter_names}
         self.linear.vector = {n: -g for n, g in grad.items()}
         self.start_from(model, client, start)
-        metrics = self.train(model, client, round, trainer, start, extra=(self.linear, self.prox))
+        metrics = self.train(model, client, round, trainer, downlink, extra=(self.linear, self.prox))
         for n, w in model.named_parameters():
             client.state[f"grad.{n}"] = grad[n] - self.params.alpha * (w.detach() - start[n])
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, 1.0)}, metrics

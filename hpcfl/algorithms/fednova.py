@@ -46,7 +46,7 @@ class FedNova(FedAvg):
     def client_update(self, phase, round, client, downlink, model, trainer):
         start = downlink["model"]
         self.start_from(model, client, start)
-        metrics = self.train(model, client, round, trainer, start)
+        metrics = self.train(model, client, round, trainer, downlink)
         a = normalising_steps(int(metrics["steps"]), self.setup.job.train.momentum, self.lr_mu)
         params = set(self.setup.parameter_names)
         update = {n: (start[n] - v) / a if n in params else v for n, v in model.state_dict().items()}

@@ -22,7 +22,7 @@ PROBS = "probs"
 
 
 class LocalOnly(Algorithm):
-    name = "local_only"
+    name, global_model = "local_only", False
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
@@ -30,6 +30,10 @@ class LocalOnly(Algorithm):
 
     @classmethod
     def check(cls, job):
+        super().check(job)
+        if job.algorithm.regularizers.keys() & {"fm_cg", "fm_l2"}:
+            raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
+                              "drop fm_cg / fm_l2 from algorithm.regularizers")
         if job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
             raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
                               "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "
@@ -55,14 +59,14 @@ class LocalOnly(Algorithm):
     def client_update(self, phase, round, client, downlink, model, trainer):
         own = {k[len("model."):]: v for k, v in client.state.items() if k.startswith("model.")} or self.initial
         load_state(model, own)
-        metrics = self.train(model, client, round, trainer, own)
+        metrics = self.train(model, client, round, trainer, {"model": own})
         client.state.update({f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()})
         return {}, metrics
 
 
 class Ensemble(LocalOnly):
     name = "ensemble"
-    client_test = True
+    client_test = True          # global_model stays False: the ensemble has no single model's features
 
     @classmethod
     def check(cls, job):
@@ -73,10 +77,10 @@ class Ensemble(LocalOnly):
     def __init__(self, params, setup):
         super().__init__(params, setup)
         probs = Layout((PROBS, WEIGHT), ((setup.test_size, setup.num_classes), ()))
-        self.phases = [Phase("train")], [Phase("train", uplink={PROBS: probs})]
+        self.plans = [Phase("train")], [Phase("train", uplink={PROBS: probs})]
 
     def plan(self, round):
-        return self.phases[self.setup.job.evaluates(round)]
+        return self.plans[self.setup.job.evaluates(round)]
 
     def init_server_state(self, model):
         return {PROBS: torch.full((self.setup.test_size, self.setup.num_classes), 1.0 / self.setup.num_classes)}

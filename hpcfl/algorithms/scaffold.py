@@ -50,7 +50,7 @@ class Scaffold(FedAvg):
         c_i = {n: client.state.get(f"control.{n}", torch.zeros_like(c[n])) for n in c}
         self.correction.vector = {n: c[n] - c_i[n] for n in c}
         self.start_from(model, client, start)
-        metrics = self.train(model, client, round, trainer, start, extra=(self.correction,))
+        metrics = self.train(model, client, round, trainer, downlink, extra=(self.correction,))
         step = 1.0 / (metrics["steps"] * self.setup.job.train.lr)
         trained = dict(model.named_parameters())
         delta = {}

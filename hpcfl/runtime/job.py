@@ -152,7 +152,7 @@ def run(job: Job, log=print) -> None:
         cohort = [int(c) for c in job.cohorts[round]]
         rows = np.zeros((cfg.data.num_clients, len(CLIENT_METRICS)))
         phase_s, bytes_down, bytes_up = {}, {}, {}
-        for phase in job.algorithm.plan(round):
+        for phase in job.algorithm.phases(round):
             phase_start = time.perf_counter()
             packed = job.server.downlink(phase, round) if job.server else {}
             downlink = {}
@@ -173,6 +173,12 @@ def run(job: Job, log=print) -> None:
         if job.server:
             _record(job, round, cohort, report, evaluation, phase_s, bytes_down, bytes_up,
                     time.perf_counter() - start, log)
+    if job.server and job.algorithm.global_model:       # FedFM Table IV, for every global model
+        quality = job.server.feature_quality(cfg.run.seed)
+        for key, value in quality.items():
+            job.recorder.write_array(f"final/{key}", np.float64(value))
+        log(f"hpcfl: final global model's test features: NMI {quality['feature_nmi']:.4f}, "
+            f"silhouette {quality['feature_silhouette']:.4f}")
 
 
 def _device(job: Job):

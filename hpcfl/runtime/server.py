@@ -7,7 +7,8 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Algorithm, Phase
+from hpcfl.algorithms.base import Algorithm, Phase, load_state
+from hpcfl.metrics.feature_space import feature_quality
 
 
 class Server:
@@ -21,7 +22,7 @@ class Server:
     def downlink(self, phase: Phase, round: int) -> dict[str, np.ndarray]:
         """The phase's broadcast payloads, each packed into one float32 buffer."""
         start = time.perf_counter()
-        payloads = self.algorithm.downlink(phase, round, self.state)
+        payloads = self.algorithm.make_downlink(phase, round, self.state)
         out = {name: layout.pack(payloads[name], dtype=torch.float32).cpu().numpy()
                for name, layout in phase.downlink.items()}
         self.compute_s += time.perf_counter() - start
@@ -31,8 +32,13 @@ class Server:
         start = time.perf_counter()
         uplink = {name: layout.unpack(torch.from_numpy(sums[name]).to(self.device))
                   for name, layout in phase.uplink.items()}
-        self.algorithm.aggregate(phase, round, self.state, uplink)
+        self.algorithm.aggregate_uplink(phase, round, self.state, uplink)
         self.compute_s += time.perf_counter() - start
+
+    def feature_quality(self, seed: int) -> dict[str, float]:
+        """NMI and silhouette of the global model's features on a test sample (FedFM Table IV)."""
+        load_state(self.model, self.algorithm.global_state(self.state))
+        return feature_quality(self.model, self.test_x, self.test_y, self.algorithm.setup.num_classes, seed)
 
     def evaluate(self) -> dict | None:
         """Test accuracy, loss and per-class accuracy of the server's model (None if it has none)."""

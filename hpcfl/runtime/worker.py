@@ -25,20 +25,23 @@ class Worker:
         start = time.perf_counter()
         sums = {name: torch.zeros(layout.numel, dtype=torch.float64, device=self.device)
                 for name, layout in phase.uplink.items()}
+        self.algorithm.receive(phase, round, downlink)
         for cid in sorted(c for c in cohort if c in self.clients):
             client = self.clients[cid]
             client.state = {k: v.to(self.device) for k, v in client.state.items()}
             try:
-                contributions, metrics = self.algorithm.client_update(phase, round, client, downlink,
+                contributions, metrics = self.algorithm.update_client(phase, round, client, downlink,
                                                                       self.model, self.trainer)
             except Exception as err:
                 err.add_note(f"hpcfl: in client {cid}, round {round}, phase '{phase.name}'")
                 raise
             client.state = {k: v.detach().cpu() for k, v in client.state.items()}
-            for split, (x, y) in client.eval_sets.items():     # the trained local model, on the client's own data
-                metrics[f"{split}_acc"] = evaluate(self.model, x, y, self.num_classes, self.eval_batch)["acc"]
             for name, (tensors, weight) in contributions.items():
                 phase.uplink[name].add_into(sums[name], tensors, weight)
+            if not metrics:                                     # a phase without training (FedFM's anchors)
+                continue
+            for split, (x, y) in client.eval_sets.items():     # the trained local model, on the client's own data
+                metrics[f"{split}_acc"] = evaluate(self.model, x, y, self.num_classes, self.eval_batch)["acc"]
             for j, key in enumerate(metric_names):
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start

@@ -135,3 +135,21 @@ def test_ensemble_averages_client_probabilities():
     assert result["acc"] == 0.5                                          # mean [0.6, 0.4] right, [0.3, 0.7] wrong
     assert result["loss"] == pytest.approx(-(torch.tensor(0.6).log() + torch.tensor(0.3).log()).item() / 2)
     assert list(result["class_acc"]) == [0.5, 0.0]
+
+
+def test_fedfm_lite_sends_models_every_a_rounds_and_anchors_every_round():
+    algo = make("fedfm_lite", Scalar(), {"model_every": 3, "start_round": 2}, run={"rounds": 8})
+    plans = [algo.plan(r)[0] for r in range(8)]
+    assert [("model" in p.downlink) for p in plans] == [True, False, False, True, False, False, True, False]
+    assert [("model" in p.uplink) for p in plans] == [False, False, True, False, False, True, False, True]
+    assert [("anchors" in p.uplink) for p in plans] == [False, True, True, True, True, True, True, True]
+    assert algo.phases(4) == algo.plan(4)                 # no separate anchor phase: one handshake
+
+
+def test_fedfm_opens_each_round_from_its_start_with_the_anchor_phase():
+    algo = make("fedfm", Scalar(), {"start_round": 2})
+    assert [p.name for p in algo.phases(1)] == ["train"]
+    anchor, train = algo.phases(2)
+    assert anchor.name == "anchors" and set(anchor.downlink) == {"model", "anchors"} and set(anchor.uplink) == {"anchors"}
+    assert set(train.downlink) == {"anchors"}               # the model went out once, with the anchor phase
+    assert set(train.uplink) == {"model"}

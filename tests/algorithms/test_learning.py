@@ -15,10 +15,15 @@ def _run(job, root, *overrides):
     return read_run(root / "test" / f"{name}.h5").arrays
 
 
+# short runs: feature matching from round 3 (not 20), with a weight that suits lr 0.1
+FEATURE_MATCHING = ["algorithm.params.start_round=3", "algorithm.params.weight=1.0"]
+OVERRIDES = {"ensemble": ["train.clients_per_round=6"], "fedfm": FEATURE_MATCHING,
+             "fedfm_lite": [*FEATURE_MATCHING, "algorithm.params.model_every=2"]}
+
+
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_learns_on_real_data(algorithm, tiny_job, tmp_path):
-    everyone = ["train.clients_per_round=6"] if algorithm == "ensemble" else []
-    arrays = _run(tiny_job(algorithm, rounds=8), tmp_path, "train.local_epochs=2", *everyone)
+    arrays = _run(tiny_job(algorithm, rounds=8), tmp_path, "train.local_epochs=2", *OVERRIDES.get(algorithm, []))
     personal = arrays["round/personal_acc_mean"]
     assert personal[-1] > 0.7, personal              # 10 classes: chance is 0.1
     if algorithm == "local_only":
@@ -28,6 +33,7 @@ def test_learns_on_real_data(algorithm, tiny_job, tmp_path):
 
 
 @pytest.mark.parametrize("preset, term, params", [("fedprox", "prox", "mu = 0.5"),
+                                                  ("fedfm", "fm_cg", "start_round = 1"),
                                                   ("moon", "moon", "mu = 2.0"),
                                                   ("fedrs", "fedrs", "alpha = 0.3"),
                                                   ("fedntd", "ntd", "beta = 0.7")])
@@ -41,8 +47,38 @@ def test_a_preset_is_fedavg_plus_its_regularizer(preset, term, params, tiny_job,
     assert not np.array_equal(named["client/train_loss"], plain["client/train_loss"])   # the term acts
 
 
+def test_feature_matching_composes_and_records_the_feature_space(tiny_job, tmp_path):
+    arrays = _run(tiny_job("fednova", rounds=3, extra='regularizers = { fm_l2 = { start_round = 1 }, moon = {} }\n'),
+                  tmp_path)
+    assert np.isnan(arrays["round/bytes_up/anchors"][0]) and arrays["round/bytes_up/anchors"][1] > 0
+    assert 0.0 <= float(arrays["final/feature_nmi"]) <= 1.0
+    assert -1.0 <= float(arrays["final/feature_silhouette"]) <= 1.0
+
+
+def test_fedfm_lite_saves_model_bytes(tiny_job, tmp_path):
+    every = {a: _run(tiny_job("fedfm_lite", rounds=4), tmp_path / str(a), "algorithm.params.start_round=1",
+                     f"algorithm.params.model_every={a}") for a in (1, 2)}
+    sent = {a: np.nansum(r["round/bytes_down/model"]) + np.nansum(r["round/bytes_up/model"]) for a, r in every.items()}
+    assert sent[2] == sent[1] / 2
+    np.testing.assert_array_equal(every[1]["round/bytes_up/anchors"], every[2]["round/bytes_up/anchors"])
+
+
 def test_regularizers_compose(tiny_job, tmp_path):
     both = _run(tiny_job("scaffold", rounds=2, extra='regularizers = ["prox", "moon"]\n'), tmp_path / "both")
     alone = _run(tiny_job("scaffold", rounds=2), tmp_path / "alone")
     assert not np.array_equal(both["client/train_loss"], alone["client/train_loss"])
     assert both["round/test_acc"][-1] > 0.2
+
+
+def test_feature_quality_of_a_diverged_model_is_nan_not_a_crash():
+    import torch
+
+    from hpcfl.metrics.feature_space import feature_quality
+    from hpcfl.models import build_model
+
+    model = build_model("fmnist_cnn", (1, 8, 8), 10)
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("nan"))
+        model.fc[0].weight.fill_(float("nan"))
+    quality = feature_quality(model, torch.zeros(20, 1, 8, 8), torch.arange(20) % 10, 10, seed=0)
+    assert np.isnan(quality["feature_nmi"]) and np.isnan(quality["feature_silhouette"])

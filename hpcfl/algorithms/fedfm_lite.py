@@ -1,0 +1,78 @@
+"""FedFM-Lite — Ye et al., "FedFM: Anchor-based Feature Matching for Data Heterogeneity in Federated
+Learning", IEEE TSP 2023, section VI and Table V. The authors released no code for it; this follows
+the paper.
+
+One handshake per round: clients train with CE + lambda * contrastive guiding against the global
+anchors they received, then compute their local anchors with the model they just trained (eq. 8)
+and send them with their model. Anchors travel every round (from round T_s - 1 on, so that round
+T_s has them); models every `model_every` = a rounds: the server broadcasts the model at rounds
+0, a, 2a, ... and clients upload theirs at rounds a-1, 2a-1, ... and the last. In between, a
+client continues from its own local model; one that has not trained since the latest global
+model starts from that model (every worker keeps the latest broadcast). The byte counters show
+the saving: roughly a times fewer model bytes.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted_model_layout
+from hpcfl.algorithms.fedavg import FedAvg
+from hpcfl.anchors import ANCHORS, anchor_layouts, update_anchors
+from hpcfl.regularizers import ContrastiveGuiding
+
+LOCAL, BASE = "lite.model.", "lite.base"      # a client's own model and the global round it grew from
+
+
+class FedFMLite(FedAvg):
+    name, term, anchor_phase = "fedfm_lite", ContrastiveGuiding, False
+
+    @dataclass(frozen=True)
+    class Params(ContrastiveGuiding.Params):
+        model_every: int = 1          # a in section VII-C: models every a rounds, anchors every round
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.model_every < 1:
+                raise ValueError(f"model_every = {self.model_every} must be >= 1")
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        self.anchor_down, self.anchor_up = anchor_layouts(setup.num_classes, setup.feature_dim)
+        self.latest, self.latest_round = None, -1       # worker side: the latest global model received
+
+    def plan(self, round):
+        every, last = self.params.model_every, self.setup.job.run.rounds - 1
+        anchors = round >= self.params.start_round - 1
+        down = {**({"model": self.setup.model_layout} if round % every == 0 else {}),
+                **({ANCHORS: self.anchor_down} if anchors else {})}
+        up = {**({"model": weighted_model_layout(self.setup)} if (round + 1) % every == 0 or round == last else {}),
+              **({ANCHORS: self.anchor_up} if anchors else {})}
+        return [Phase("train", downlink=down, uplink=up)]
+
+    def receive(self, phase, round, downlink):
+        if "model" in downlink:
+            self.latest, self.latest_round = downlink["model"], round
+
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        own = {k[len(LOCAL):]: v for k, v in client.state.items() if k.startswith(LOCAL)}
+        fresh = not own or int(client.state[BASE]) != self.latest_round
+        start = self.latest if fresh else own
+        self.start_from(model, client, start)
+        metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
+        contributions = {}
+        if ANCHORS in phase.uplink:
+            contributions[ANCHORS] = (self.local_anchors(model, client, downlink), 1.0)
+        for key in [k for k in client.state if k.startswith(LOCAL) or k == BASE]:
+            del client.state[key]
+        if "model" in phase.uplink:
+            contributions["model"] = ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples))
+        else:                          # keep training this model until the next global one
+            client.state.update({LOCAL + k: v.detach().clone() for k, v in model.state_dict().items()})
+            client.state[BASE] = torch.tensor(self.latest_round)
+        return contributions, metrics
+
+    def aggregate(self, phase, round, server_state, uplink):
+        if ANCHORS in uplink:
+            update_anchors(self.anchor_state(server_state), uplink[ANCHORS])
+        if "model" in uplink:
+            super().aggregate(phase, round, server_state, uplink)

@@ -1,0 +1,70 @@
+"""FedFM's anchors and feature-matching losses against hand-computed values."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hpcfl.anchors import initial_anchors, local_anchors, update_anchors
+from hpcfl.regularizers import ContrastiveGuiding, L2Matching
+
+
+class Identity(nn.Module):
+    """features(x) = x: local anchors are plain class means of x."""
+
+    def features(self, x):
+        return x
+
+
+X = torch.tensor([[1.0, 0.0], [3.0, 2.0], [0.0, 4.0]])
+Y = torch.tensor([0, 0, 2])                         # class 1 missing
+
+
+def test_local_anchors_weighted_are_sums_and_counts():
+    out = local_anchors(Identity(), X, Y, 2, "samples", initial_anchors(3, 2))
+    assert torch.equal(out["sums"], torch.tensor([[4.0, 2.0], [0.0, 0.0], [0.0, 4.0]], dtype=torch.float64))
+    assert torch.equal(out["counts"], torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64))
+
+
+def test_local_anchors_uniform_are_means_with_the_global_anchor_for_a_missing_class():
+    current = {"anchors": torch.tensor([[9.0, 9.0], [5.0, 6.0], [7.0, 7.0]]), "known": torch.tensor([1.0, 1.0, 0.0])}
+    out = local_anchors(Identity(), X, Y, 2, "uniform", current)
+    assert torch.equal(out["sums"], torch.tensor([[2.0, 1.0], [5.0, 6.0], [0.0, 4.0]], dtype=torch.float64))
+    assert torch.equal(out["counts"], torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64))
+    unknown = local_anchors(Identity(), X, Y, 2, "uniform", initial_anchors(3, 2))
+    assert unknown["counts"][1] == 0 and torch.equal(unknown["sums"][1], torch.zeros(2, dtype=torch.float64))
+
+
+def test_global_anchors_are_count_weighted_and_a_class_nobody_holds_keeps_its_anchor():
+    current = {"anchors": torch.tensor([[0.0, 0.0], [5.0, 5.0], [0.0, 0.0]]), "known": torch.tensor([0.0, 1.0, 0.0])}
+    a = local_anchors(Identity(), X, Y, 2, "samples", current)
+    b = local_anchors(Identity(), torch.tensor([[2.0, 2.0]]), torch.tensor([0]), 2, "samples", current)
+    update_anchors(current, {k: a[k] + b[k] for k in a})
+    # class 0: (1 + 3 + 2, 0 + 2 + 2) / 3 samples; class 1: nobody -> kept; class 2: (0, 4) / 1
+    assert torch.allclose(current["anchors"], torch.tensor([[2.0, 4 / 3], [5.0, 5.0], [0.0, 4.0]]))
+    assert torch.equal(current["known"], torch.tensor([1.0, 1.0, 1.0]))
+    assert torch.isfinite(current["anchors"]).all()
+
+
+def _matching(cls, **params):
+    term = cls(cls.Params(**params))
+    anchors = torch.tensor([[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]])
+    term.start(None, None, 5, {"anchors": {"anchors": anchors, "known": torch.ones(3)}})
+    return term, anchors
+
+
+def test_contrastive_guiding_is_cross_entropy_over_cosine_similarities():
+    term, anchors = _matching(ContrastiveGuiding, weight=2.0, tau=0.5, start_round=5)
+    z = torch.tensor([[3.0, 4.0]])
+    # cosines of (0.6, 0.8) with the normalised anchors: 0.6, 0.8, -(0.6 + 0.8)/sqrt(2)
+    s = torch.tensor([0.6, 0.8, -1.4 / math.sqrt(2)]) / 0.5
+    expected = 2.0 * (torch.logsumexp(s, 0) - s[1])
+    assert term.loss(None, None, torch.tensor([1]), z, None).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_l2_matching_pulls_features_to_their_class_anchor_after_the_start_round():
+    term, anchors = _matching(L2Matching, weight=0.5, start_round=5)
+    z, y = torch.tensor([[3.0, 4.0], [0.0, 0.0]]), torch.tensor([0, 2])
+    assert term.loss(None, None, y, z, None).item() == pytest.approx(0.5 * ((4 + 16) + (1 + 1)) / 2)
+    term.start(None, None, 4, {})                     # before T_s: no anchors needed, no loss
+    assert term.loss(None, None, y, z, None) is None
