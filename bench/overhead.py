@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from hpcfl.config import load_job
-from hpcfl.data.datasets import load_dataset, resolve_data_root
+from hpcfl.data.base import resolve_data_root
+from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.models import build_model
 from hpcfl.runtime.job import cohort_schedule, run, setup

@@ -18,7 +18,8 @@ import torch
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import Client, Setup
 from hpcfl.config import JobConfig
-from hpcfl.data.datasets import load_dataset, resolve_data_root
+from hpcfl.data.base import resolve_data_root
+from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, local_test_sets, partition, validation_split
 from hpcfl.errors import HpcflError
 from hpcfl.metrics import Recorder

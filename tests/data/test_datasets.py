@@ -13,8 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from hpcfl.data.datasets import (DEBIAN_ROOT, DATASETS, SHAKESPEARE_VOCAB, Dataset, load_dataset, read_idx,
-                                 resolve_data_root)
+from hpcfl.data.base import DEBIAN_ROOT, Dataset, resolve_data_root
+from hpcfl.data.datasets import DATASETS, load_dataset
+from hpcfl.data.idx import read_idx
+from hpcfl.data.leaf import SHAKESPEARE_VOCAB
 from hpcfl.errors import ConfigError, DataError
 
 torch.set_num_threads(1)
