@@ -39,6 +39,7 @@ from torch import nn
 
 from hpcfl.config import params_from
 from hpcfl.errors import ConfigError
+from hpcfl.models import load_state
 
 Tensors = dict[str, torch.Tensor]
 
@@ -78,9 +79,7 @@ class Frozen:
     def load(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
         if self.net is None:
             self.net = copy.deepcopy(model).requires_grad_(False).eval()
-        with torch.no_grad():
-            for name, tensor in self.net.state_dict().items():
-                tensor.copy_(state[name])
+        load_state(self.net, state)
 
 
 class Prox(Regularizer):

@@ -135,6 +135,8 @@ def test_bad_regularizer_config_is_named(algorithm, message):
     ({"algorithm": {"name": "fednova"}, "train": {"optimizer": "adam"}}, "'fednova' needs train.optimizer"),
     ({"algorithm": {"name": "local_only"}}, "set data.local_test_ratio (e.g. 0.3)"),
     ({"algorithm": {"name": "ensemble"}, "data": {"num_clients": 8}, "train": {"clients_per_round": 4}}, "train.clients_per_round = data.num_clients (8)"),
+    ({"algorithm": {"name": "ensemble", "regularizers": ["fm_cg"]}, "data": {"num_clients": 8},
+      "train": {"clients_per_round": 8}}, "no global model to compute FedFM's anchors with"),
 ])
 def test_algorithm_rules_on_the_whole_job_are_named(job, message):
     with pytest.raises(ConfigError) as err:

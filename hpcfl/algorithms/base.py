@@ -31,6 +31,7 @@ from torch import nn
 from hpcfl.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
 from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
+from hpcfl.models import load_state
 from hpcfl.payload import Layout
 from hpcfl.regularizers import Regularizer, build_regularizers
 from hpcfl.training import evaluate
@@ -251,9 +252,3 @@ def assign(server_state: Tensors, prefix: str, values: Mapping[str, torch.Tensor
         target = server_state[prefix + name]
         target.copy_(value.to(target.dtype) if target.is_floating_point() else torch.round(value).to(target.dtype))
 
-
-def load_state(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy `state` (any dtype/device) into the model's own tensors."""
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            tensor.copy_(state[name])

@@ -13,8 +13,9 @@
 import torch
 import torch.nn.functional as F
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, load_state, weighted_mean
+from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, weighted_mean
 from hpcfl.errors import ConfigError
+from hpcfl.models import load_state
 from hpcfl.payload import Layout
 from hpcfl.training import predict_proba, summarize
 
@@ -34,6 +35,8 @@ class LocalOnly(Algorithm):
         if job.algorithm.regularizers.keys() & {"fm_cg", "fm_l2"}:
             raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
                               "drop fm_cg / fm_l2 from algorithm.regularizers")
+        if cls.client_test:               # the ensemble is tested on the global test set
+            return
         if job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
             raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
                               "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "
@@ -70,6 +73,7 @@ class Ensemble(LocalOnly):
 
     @classmethod
     def check(cls, job):
+        super().check(job)
         if job.train.clients_per_round != job.data.num_clients:
             raise ConfigError(f"algorithm 'ensemble' combines every client's local model: set "
                               f"train.clients_per_round = data.num_clients ({job.data.num_clients})")

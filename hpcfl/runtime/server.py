@@ -7,8 +7,9 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Algorithm, Phase, load_state
+from hpcfl.algorithms.base import Algorithm, Phase
 from hpcfl.metrics.feature_space import feature_quality
+from hpcfl.models import load_state
 
 
 class Server:

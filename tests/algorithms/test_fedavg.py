@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from algorithms.helpers import StepTrainer, client, make, sums
-from hpcfl.algorithms.base import ONE, WEIGHT, load_state
+from hpcfl.algorithms.base import ONE, WEIGHT
+from hpcfl.models import load_state
 
 
 def test_aggregate_is_the_sample_weighted_mean():
