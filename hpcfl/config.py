@@ -42,6 +42,8 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "fmnist_cnn"
+    architectures: list[str] = field(default_factory=list)   # heterogeneous clients: client k gets
+                                    # architectures[k % len]; empty: every client gets `name`
     batchnorm: str = "average"      # average: BN weights and running statistics averaged like every tensor;
                                     # local: each client keeps its own BN layers (FedBN), the server still averages them
 
@@ -52,6 +54,7 @@ class TrainConfig:
     local_epochs: int = 1
     batch_size: int = 32
     optimizer: str = "sgd"          # sgd | adam
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])   # Adam's (FedClassAvg's code: [0.5, 0.999])
     lr: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
@@ -89,6 +92,15 @@ class JobConfig:
     def evaluates(self, round: int) -> bool:
         """Whether the server's model is tested after `round` (every `eval.every` rounds and the last)."""
         return round % self.eval.every == 0 or round == self.run.rounds - 1
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """The distinct model architectures, in the order clients are dealt them."""
+        return tuple(dict.fromkeys(self.model.architectures or [self.model.name]))
+
+    def architecture(self, client: int) -> str:
+        names = self.model.architectures or [self.model.name]
+        return names[client % len(names)]
 
     @property
     def run_name(self) -> str:
@@ -199,6 +211,13 @@ def _check_values(job: JobConfig) -> None:
     if job.train.clients_per_round > job.data.num_clients:
         raise ConfigError(f"train.clients_per_round = {job.train.clients_per_round} exceeds "
                           f"data.num_clients = {job.data.num_clients}; lower it or add clients")
+    betas = job.train.betas
+    if not isinstance(betas, list) or len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"train.betas = {betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+    names = job.model.architectures
+    if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
+        raise ConfigError(f"model.architectures = {job.model.architectures!r} must be a list of model names, "
+                          f"e.g. [\"resnet18\", \"shufflenetv2\"]")
     for key in ("run.study", "run.name"):
         text = flat[key]
         if "/" in text or "\\" in text or text.startswith(".") or text != text.strip():
@@ -213,8 +232,10 @@ def _check_registries(job: JobConfig) -> None:
     from hpcfl.models import MODELS
     from hpcfl.regularizers import regularizer_params
 
-    for key, name, registry in (("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
-                                ("algorithm.name", job.algorithm.name, ALGORITHMS)):
+    named = [("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
+             ("algorithm.name", job.algorithm.name, ALGORITHMS)]
+    named += [("model.architectures", name, MODELS) for name in job.model.architectures]
+    for key, name, registry in named:
         if name not in registry:
             raise ConfigError(f"{key} = {name!r} is unknown; valid: {sorted(registry)}")
     check_params(job.data.partition, job.data.partition_params)

@@ -31,6 +31,11 @@ class Layout:
             raise PayloadError(f"payload layouts overlap in {sorted(clash)}: give each tensor one name")
         return Layout(self.names + other.names, self.shapes + other.shapes)
 
+    def select(self, keep) -> "Layout":
+        """The entries whose name satisfies `keep(name)`, in order (a parameter-selected payload)."""
+        picked = [(n, s) for n, s in zip(self.names, self.shapes) if keep(n)]
+        return Layout(tuple(n for n, _ in picked), tuple(s for _, s in picked))
+
     @property
     def sizes(self) -> tuple[int, ...]:
         return tuple(prod(s) for s in self.shapes)

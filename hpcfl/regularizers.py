@@ -10,6 +10,8 @@ before the task loss (`logits`), adds to the loss each batch (`loss`), and may k
 that lives with the client on its worker, off the GPU between rounds (`finish`, keys `<name>.*`).
 
 - `prox`   FedProx, Li et al., MLSys 2020, eq. (2): mu/2 * ||w - w_ref||^2 over the parameters.
+           scope = "classifier" restricts it to the head (FedClassAvg eq. 5); reduction = "mean" takes
+           each tensor's mean squared difference, as FedClassAvg's code does (MSELoss per tensor).
 - `moon`   MOON, Li, He & Song, CVPR 2021, eq. (2)-(3): mu * -log(e^{sim(z,z_glob)/T} /
            (e^{sim(z,z_glob)/T} + e^{sim(z,z_prev)/T})), z = features(x), cosine similarity; z_prev
            from the client's model at the end of its previous participation (the reference model at
@@ -23,8 +25,14 @@ that lives with the client on its worker, off the GPU between rounds (`finish`, 
            Federated Learning", IEEE TSP 2023, section IV-C: weight * CE(softmax(<a_n, z> / tau), c)
            over the C global anchors a_n, with z = features(x) and the anchors L2-normalised (the
            authors' code), from round `start_round` (T_s) on. `fm_l2`: eq. (3), weight * ||z - a_c||^2
-           (mean over the batch).
+           with z and a_c normalised (section V-A), averaged over batch and dimensions as in the
+           authors' `matching_l2`; both terms default to the paper's lambda = 50.
            Both need global anchors: the algorithm adds FedFM's anchor phase (hpcfl.anchors) to its rounds.
+- `supcon` Supervised contrastive loss, Khosla et al., NeurIPS 2020, eq. (2) (L^sup_out), on the
+           features of two augmented views of each batch (FedClassAvg eq. 4, L^CL): weight *
+           (temperature / base_temperature) * mean over the 2N anchors of -mean log-softmax over the positives.
+           FedClassAvg's code feeds unnormalised features at temperature 100 (base 0.07): normalize =
+           false, temperature = 100 reproduces it.
 - `ntd`    FedNTD, Lee et al., NeurIPS 2022, eq. (4): beta * tau^2 * KL(q_glob || q_local) over the
            not-true classes, both softmaxes at temperature tau (tau^2 scaling and the defaults beta = 1,
            tau = 3 as in the authors' code).
@@ -55,6 +63,8 @@ class Regularizer:
         self.params = params
 
     needs_anchors: ClassVar[bool] = False
+    views: ClassVar[int] = 1       # 2: the trainer makes two augmented views of each batch (SupCon), and
+                                   # `loss` gets their features as N x 2 x d (view 1 is what the task loss sees)
 
     def start(self, model: nn.Module, client, round: int, received: Mapping[str, Tensors]) -> None:
         """Before local training; received["model"] is the model state the client started from."""
@@ -88,12 +98,26 @@ class Prox(Regularizer):
     @dataclass(frozen=True)
     class Params:
         mu: float = 0.01
+        scope: str = "model"          # model | classifier (FedClassAvg eq. 5: the head only)
+        reduction: str = "sum"        # sum: ||w - w_ref||^2 (FedProx); mean: per tensor (FedClassAvg's code)
+
+        def __post_init__(self):
+            if self.scope not in ("model", "classifier"):
+                raise ValueError(f"scope = {self.scope!r}; choose 'model' or 'classifier'")
+            if self.reduction not in ("sum", "mean"):
+                raise ValueError(f"reduction = {self.reduction!r}; choose 'sum' or 'mean'")
 
     def start(self, model, client, round, received):
-        self.reference = {n: received["model"][n].detach() for n, _ in model.named_parameters()}
+        self.reference = {n: received["model"][n].detach() for n, _ in self.parameters(model)}
+
+    def parameters(self, model):
+        return model.classifier.named_parameters(prefix="classifier") if self.params.scope == "classifier" \
+            else model.named_parameters()
 
     def loss(self, model, x, y, features, logits):
-        return 0.5 * self.params.mu * sum(((p - self.reference[n]) ** 2).sum() for n, p in model.named_parameters())
+        squares = (((p - self.reference[n]) ** 2) for n, p in self.parameters(model))
+        total = sum(d.mean() if self.params.reduction == "mean" else d.sum() for d in squares)
+        return 0.5 * self.params.mu * total
 
 
 class Linear(Regularizer):
@@ -215,19 +239,43 @@ class ContrastiveGuiding(FeatureMatching):
 
 
 class L2Matching(FeatureMatching):
+    """Squared distance between normalised feature and anchor, averaged over samples and dimensions
+    (section V-A normalises features before either loss; the authors' `matching_l2` takes the MSE)."""
     name = "fm_l2"
 
-    @dataclass(frozen=True)
-    class Params(FeatureMatching.Params):
-        weight: float = 0.01             # ours: the paper gives lambda = 50 for CG only; squared feature
-                                         # distances are far larger than a cross-entropy
-
     def match(self, features, y):
-        return ((features - self.anchors[y]) ** 2).sum(1).mean()
+        return F.mse_loss(F.normalize(features, dim=1), F.normalize(self.anchors, dim=1)[y])
+
+
+class SupCon(Regularizer):
+    """Khosla et al.'s supervised contrastive loss over the 2N features of two views (every other
+    sample of the same class is a positive), scaled by temperature / base_temperature."""
+    name, views = "supcon", 2
+
+    @dataclass(frozen=True)
+    class Params:
+        weight: float = 1.0
+        temperature: float = 0.07
+        base_temperature: float = 0.07
+        normalize: bool = True        # FedClassAvg's code: False, with temperature = 100
+
+    def loss(self, model, x, y, features, logits):
+        z = torch.cat(features.unbind(1))                           # view 1 of every sample, then view 2
+        if self.params.normalize:
+            z = F.normalize(z, dim=1)
+        labels = y.repeat(features.shape[1])
+        self_pair = torch.eye(len(labels), dtype=torch.bool, device=z.device)
+        similarity = (z @ z.T / self.params.temperature).masked_fill(self_pair, float("-inf"))
+        log_prob = similarity - torch.logsumexp(similarity, dim=1, keepdim=True)
+        positive = (labels[:, None] == labels[None, :]) & ~self_pair
+        mean_positive = log_prob.masked_fill(~positive, 0.0).sum(1) / positive.sum(1)
+        scale = self.params.temperature / self.params.base_temperature
+        return -self.params.weight * scale * mean_positive.mean()
 
 
 REGULARIZERS: dict[str, type[Regularizer]] = {
-    cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching)}
+    cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching,
+                              SupCon)}
 
 
 def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:

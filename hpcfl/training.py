@@ -9,18 +9,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcfl.config import TrainConfig
-from hpcfl.data.augment import random_crop_flip
+from hpcfl.data.augment import random_crop_flip, simclr_views
 from hpcfl.seeding import torch_generator, torch_seed
 
 
 class LocalTrainer:
-    def __init__(self, cfg: TrainConfig, seed: int):
-        self.cfg, self.seed = cfg, seed
+    def __init__(self, cfg: TrainConfig, seed: int, normalization: tuple | None = None):
+        """`normalization`: the data's per-channel (mean, std), which two-view augmentation needs."""
+        self.cfg, self.seed, self.normalization = cfg, seed, normalization
 
     def optimizer(self, params) -> torch.optim.Optimizer:
         cfg = self.cfg
         if cfg.optimizer == "adam":
-            return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+            return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
     def batches(self, n: int, round: int, client: int, device) -> list[torch.Tensor]:
@@ -35,25 +36,34 @@ class LocalTrainer:
 
     def train(self, model: nn.Module, client, round: int, regularizers=()) -> dict[str, float]:
         """E local epochs of minibatch training on the client's data, the task loss being cross-entropy
-        on the (regularizer-adjusted) logits plus every regularizer's term; returns the mean loss."""
+        on the (regularizer-adjusted) logits plus every regularizer's term; returns the mean loss.
+
+        If a term asks for two views (SupCon), each batch becomes two augmented views that go through
+        the feature extractor together; the task loss and single-view terms see view 1."""
         torch.manual_seed(torch_seed(self.seed, "client", round, client.id))   # dropout & co.
         model.train()
         opt = self.optimizer(model.parameters())
         total = torch.zeros((), device=client.y.device)
         batches = self.batches(client.num_samples, round, client.id, client.y.device)
+        two_views = any(term.views == 2 for term in regularizers)
         augment = (torch_generator(self.seed, "augment", round, client.id, device=client.y.device)
-                   if self.cfg.augment == "crop_flip" else None)
+                   if two_views or self.cfg.augment == "crop_flip" else None)
         for idx in batches:
             x, y = client.x[idx], client.y[idx]
-            if augment is not None:
-                x = random_crop_flip(x, augment)
-            features = model.features(x)
+            if two_views:
+                x, second = simclr_views(x, augment, *self.normalization)
+                both = model.features(torch.cat([x, second]))
+                features, paired = both[:len(y)], torch.stack(both.split(len(y)), dim=1)
+            else:
+                if augment is not None:
+                    x = random_crop_flip(x, augment)
+                features = paired = model.features(x)
             logits = model.classifier(features)
             for term in regularizers:
                 logits = term.logits(logits)
             loss = F.cross_entropy(logits, y)
             for term in regularizers:
-                extra = term.loss(model, x, y, features, logits)
+                extra = term.loss(model, x, y, paired if term.views == 2 else features, logits)
                 if extra is not None:
                     loss = loss + extra
             opt.zero_grad(set_to_none=True)

@@ -65,6 +65,8 @@ def test_contrastive_guiding_is_cross_entropy_over_cosine_similarities():
 def test_l2_matching_pulls_features_to_their_class_anchor_after_the_start_round():
     term, anchors = _matching(L2Matching, weight=0.5, start_round=5)
     z, y = torch.tensor([[3.0, 4.0], [0.0, 0.0]]), torch.tensor([0, 2])
-    assert term.loss(None, None, y, z, None).item() == pytest.approx(0.5 * ((4 + 16) + (1 + 1)) / 2)
+    # normalised: (0.6, 0.8) against (1, 0), and the zero feature against (-1, -1) / sqrt(2);
+    # squared distances 0.8 and 1.0, averaged over 2 samples x 2 dimensions
+    assert term.loss(None, None, y, z, None).item() == pytest.approx(0.5 * (0.8 + 1.0) / 4)
     term.start(None, None, 4, {})                     # before T_s: no anchors needed, no loss
     assert term.loss(None, None, y, z, None) is None

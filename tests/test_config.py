@@ -38,6 +38,8 @@ def test_overrides_use_toml_values_and_reach_any_key(tmp_path):
     ({"data": {"partition": "dirichlet", "partition_params": {"beta": 0.5, "alpha": 1}}}, "alpha"),
     ({"train": {"clients_per_round": 50}}, "clients_per_round"),
     ({"run": {"name": "../escape"}}, "run.name"),
+    ({"train": {"betas": [0.9]}}, "train.betas"),
+    ({"model": {"architectures": "resnet18"}}, "model.architectures"),            # a list, not a name
 ])
 def test_bad_config_names_the_key(raw, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):

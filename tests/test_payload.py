@@ -178,3 +178,10 @@ def test_wrong_flat_size_is_a_payload_error():
         layout.unpack(torch.zeros(layout.numel - 1, dtype=torch.float64))
     with pytest.raises(PayloadError):
         layout.unpack(torch.zeros(2, layout.numel // 2, dtype=torch.float64))   # right numel, not flat
+
+
+def test_select_keeps_the_named_entries_in_order():
+    layout = Layout(("body.w", "classifier.weight", "classifier.bias"), ((3, 2), (4, 2), (4,)))
+    head = layout.select(lambda name: name.startswith("classifier."))
+    assert head.names == ("classifier.weight", "classifier.bias") and head.shapes == ((4, 2), (4,))
+    assert head.numel == 12

@@ -2,15 +2,18 @@
 from hpcfl.algorithms.base import Algorithm
 from hpcfl.algorithms.fedavg import MOON, FedAvg, FedFM, FedNTD, FedProx, FedRS
 from hpcfl.algorithms.fedavgm import FedAvgM
+from hpcfl.algorithms.fedclassavg import FedClassAvg
 from hpcfl.algorithms.feddyn import FedDyn
 from hpcfl.algorithms.fedfm_lite import FedFMLite
 from hpcfl.algorithms.fednova import FedNova
+from hpcfl.algorithms.fedproto import FedProto
 from hpcfl.algorithms.local import Ensemble, LocalOnly
 from hpcfl.algorithms.scaffold import Scaffold
 from hpcfl.config import params_from
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
-    FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble, FedFM, FedFMLite)}
+    FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble, FedFM, FedFMLite,
+    FedClassAvg, FedProto)}
 
 
 def algorithm_params(name: str, raw: dict) -> Algorithm.Params:

@@ -57,6 +57,7 @@ class Client:
     x: torch.Tensor
     y: torch.Tensor
     class_counts: np.ndarray
+    architecture: str = ""                              # its model (model.architectures), on heterogeneous runs
     state: Tensors = field(default_factory=dict)       # kept on CPU between rounds
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
     test_set: tuple[torch.Tensor, torch.Tensor] | None = None     # the global test set, if the algorithm asks
@@ -91,8 +92,7 @@ class Setup:
 
     @property
     def parameter_layout(self) -> Layout:
-        keep = [i for i, n in enumerate(self.model_layout.names) if n in set(self.parameter_names)]
-        return Layout(tuple(self.model_layout.names[i] for i in keep), tuple(self.model_layout.shapes[i] for i in keep))
+        return self.model_layout.select(set(self.parameter_names).__contains__)
 
 
 class Algorithm:
@@ -101,6 +101,7 @@ class Algorithm:
     sgd_only: ClassVar[str] = ""            # why the algorithm needs train.optimizer = "sgd", if it does
     anchor_phase: ClassVar[bool] = True     # a feature-matching term adds FedFM's anchor phase to each round
     global_model: ClassVar[bool] = True     # False: no single global model (local-only, ensemble)
+    heterogeneous: ClassVar[bool] = False   # clients may have different architectures (model.architectures)
 
     @dataclass(frozen=True)
     class Params:
@@ -124,6 +125,10 @@ class Algorithm:
         """Rules on the whole job beyond the parameters' own types; raise ConfigError naming the fix."""
         if cls.sgd_only and job.train.optimizer != "sgd":
             raise ConfigError(f"algorithm '{cls.name}' needs train.optimizer = \"sgd\": {cls.sgd_only}")
+        if len(job.architectures) > 1 and not cls.heterogeneous:
+            raise ConfigError(f"algorithm '{cls.name}' shares whole models, so every client needs the same one: "
+                              f"model.architectures = {list(job.architectures)} needs an algorithm for "
+                              "heterogeneous clients (fedclassavg, fedproto, local_only, ensemble)")
         from hpcfl.regularizers import REGULARIZERS
         matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
         if len(matching) > 1:

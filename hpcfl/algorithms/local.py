@@ -1,9 +1,9 @@
 """Baselines without a global model: every client trains only its own model.
 
 - `local_only`: no communication at all. Each client continues from its own model every time it is
-  sampled (the shared initial model at its first round); accuracy is personalised, measured on the
-  client's own held-out data (FedClassAvg Table 2, "Baseline (local training)"), so the job must
-  set data.local_test_ratio or data.validation_fraction.
+  sampled (its architecture's initial model at its first round, hpcfl.algorithms.personal);
+  accuracy is personalised, measured on the client's own held-out data (FedClassAvg Table 2,
+  "Baseline (local training)"), so the job must set data.local_test_ratio or data.validation_fraction.
 - `ensemble`: the same local models, and the prediction of the ensemble of all of them on the
   global test set, averaging their softmax outputs (FedMA, Wang et al., ICLR 2020, Tables 1-2,
   "Ensemble"). The averaged probabilities are a sum over clients, so they travel as one sum-reduced
@@ -13,34 +13,17 @@
 import torch
 import torch.nn.functional as F
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, weighted_mean
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted_mean
+from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
-from hpcfl.models import load_state
 from hpcfl.payload import Layout
 from hpcfl.training import predict_proba, summarize
 
 PROBS = "probs"
 
 
-class LocalOnly(Algorithm):
-    name, global_model = "local_only", False
-
-    def __init__(self, params, setup):
-        super().__init__(params, setup)
-        self.initial = None
-
-    @classmethod
-    def check(cls, job):
-        super().check(job)
-        if job.algorithm.regularizers.keys() & {"fm_cg", "fm_l2"}:
-            raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
-                              "drop fm_cg / fm_l2 from algorithm.regularizers")
-        if cls.client_test:               # the ensemble is tested on the global test set
-            return
-        if job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
-            raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
-                              "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "
-                              "data.validation_fraction (e.g. 0.2)")
+class LocalOnly(Personal):
+    name = "local_only"
 
     def plan(self, round):
         return [Phase("train")]
@@ -51,19 +34,10 @@ class LocalOnly(Algorithm):
     def aggregate(self, phase, round, server_state, uplink):
         pass
 
-    def evaluate(self, server_state, model, x, y, batch_size):
-        return None
-
-    def init_client_state(self, client, initial_model):
-        if self.initial is None:       # one shared copy; a client's own model is stored once it trains
-            self.initial = {k: v.detach().clone().cpu() for k, v in initial_model.state_dict().items()}
-        return {}
-
     def client_update(self, phase, round, client, downlink, model, trainer):
-        own = {k[len("model."):]: v for k, v in client.state.items() if k.startswith("model.")} or self.initial
-        load_state(model, own)
-        metrics = self.train(model, client, round, trainer, {"model": own})
-        client.state.update({f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()})
+        start = self.start_own(model, client)
+        metrics = self.train(model, client, round, trainer, {"model": start})
+        self.keep_model(client, model)
         return {}, metrics
 
 

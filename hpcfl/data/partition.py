@@ -100,19 +100,22 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, mi
 
 
 def dirichlet_equal(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-                    *, beta: float) -> list[np.ndarray]:
-    """Label skew without quantity skew (FedClassAvg): every client gets floor(N / num_clients) samples.
+                    *, beta: float, size: int = 0) -> list[np.ndarray]:
+    """Label skew without quantity skew (FedClassAvg): every client gets `size` samples (default
+    floor(N / num_clients); a smaller size leaves the rest of the data set unused, for small studies).
 
     Each client draws class proportions ~ Dir(beta) and takes them from the classes' remaining pools,
     renormalising over the classes not yet used up; a leftover of fewer than num_clients samples is unused.
     """
     _require("beta", beta, _is_number(beta) and beta > 0,
              "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
+    _require("size", size, _is_int(size) and 0 <= size * num_clients <= len(labels),
+             f"must be an integer with size x num_clients <= {len(labels)} samples (0: all of them, split equally)")
     left = np.unique(labels, return_counts=True)[1]
     counts = np.zeros((len(left), num_clients), dtype=np.int64)
     for client in range(num_clients):
         share = rng.dirichlet(np.full(len(left), beta))
-        need = len(labels) // num_clients
+        need = size or len(labels) // num_clients
         while need:  # each pass either fills the client or exhausts a class
             open_share = share * (left > 0)
             take = np.minimum(_apportion(need, open_share if open_share.sum() > 0 else left), left)

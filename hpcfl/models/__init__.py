@@ -1,5 +1,6 @@
 """Model registry. Every model exposes `features(x)` (the representation) and `classifier` (the
 last layer), because FedFM, FedCME, FedClassAvg and FedKA all act on one side of that split."""
+from functools import partial
 from typing import Callable
 
 import torch
@@ -15,6 +16,9 @@ from hpcfl.models.vision import GoogLeNet, ResNet18, ResNet50, ShuffleNetV2
 # name -> Model(in_shape, num_classes); width of features(x) in the comment
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "fmnist_cnn": FmnistCNN,        # FedCME, 128
+    # FedProto's heterogeneous clients: the same two-conv CNN with other channel counts, 128
+    "fmnist_cnn_narrow": partial(FmnistCNN, width=8),
+    "fmnist_cnn_wide": partial(FmnistCNN, width=32),
     "tcnn": TCNN,                   # FedKA appendix A.1, 512
     "lenet": LeNet,                 # FedMA (MNIST), 500
     "vgg9": VGG9,                   # FedMA Table 4, no BatchNorm, 512

@@ -5,11 +5,13 @@ seconds per round on a CPU core. Works for any square single- or multi-channel i
 import torch
 from torch import nn
 
+from hpcfl.models.common import image_shape
+
 
 class FmnistCNN(nn.Module):
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, width: int = 16, feature_dim: int = 128):
         super().__init__()
-        channels, side = in_shape[0], in_shape[-1]
+        channels, _, side = image_shape(in_shape, "fmnist_cnn")
         pad = 2 if side < 20 else 0           # keep small inputs (8x8 digits) from vanishing
         self.conv = nn.Sequential(
             nn.Conv2d(channels, width, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),

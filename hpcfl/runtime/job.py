@@ -21,7 +21,7 @@ from hpcfl.config import JobConfig
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, local_test_sets, partition, validation_split
-from hpcfl.errors import HpcflError
+from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
 from hpcfl.runtime.placement import assign_clients, pick_device
@@ -101,11 +101,15 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     workers = [0] if transport.size == 1 else list(range(1, transport.size))
     transport.client_rank = assign_clients(counts.sum(1), workers)
 
-    torch.manual_seed(torch_seed(config.run.seed, "init"))
-    model = build_model(config.model.name, data.input_shape, data.num_classes).to(device)
+    models = build_models(config, data.input_shape, data.num_classes, device)
+    model = models[config.architectures[0]]       # the server's (the global model's architecture)
     setup_ = Setup.of(config, model, counts, test_size=int(data.test_y.shape[0]))
     algorithm = ALGORITHMS[config.algorithm.name](algorithm_params(config.algorithm.name, config.algorithm.params),
                                                   setup_)
+    two_views = [t.name for t in algorithm.regularizers if t.views == 2]
+    if two_views and data.mean is None:
+        raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no images; "
+                          "drop the term or pick an image data set")
     worker = server = recorder = None
     if transport.rank in workers:
         clients = {}
@@ -114,7 +118,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         for cid, rank in transport.client_rank.items():
             if rank == transport.rank:
                 idx = torch.from_numpy(parts[cid])
-                clients[cid] = Client(cid, data.train_x[idx].to(device), data.train_y[idx].to(device), counts[cid])
+                clients[cid] = Client(cid, data.train_x[idx].to(device), data.train_y[idx].to(device), counts[cid],
+                                      config.architecture(cid))
                 if len(val_parts[cid]):
                     val = torch.from_numpy(val_parts[cid])
                     clients[cid].eval_sets["val"] = data.train_x[val].to(device), data.train_y[val].to(device)
@@ -123,9 +128,9 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                     clients[cid].eval_sets["local_test"] = data.test_x[test].to(device), data.test_y[test].to(device)
                 if algorithm.client_test:
                     clients[cid].test_set = test_x, test_y
-                clients[cid].state = algorithm.init_client_state(clients[cid], model)
-        worker = Worker(algorithm, clients, model, LocalTrainer(config.train, config.run.seed), device,
-                        data.num_classes, config.eval.batch_size)
+                clients[cid].state = algorithm.init_client_state(clients[cid], models[clients[cid].architecture])
+        trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
+        worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size)
     if transport.is_server:
         server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device)
         recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
@@ -135,7 +140,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         log(f"hpcfl: {config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
             f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
             f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
-            f"model {config.model.name} ({count_parameters(model):,} parameters), {transport.size} rank(s); "
+            f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
+            f"{transport.size} rank(s); "
             f"results -> {config.result_path}")
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
@@ -143,6 +149,20 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                 "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test}
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
                tuple(k for k, on in measured.items() if on))
+
+
+def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
+    """One model instance per architecture, each initialised from the run's "init" seed; on a
+    heterogeneous run their feature widths must agree, since the clients share a classifier."""
+    models = {}
+    for name in config.architectures:
+        torch.manual_seed(torch_seed(config.run.seed, "init"))
+        models[name] = build_model(name, in_shape, num_classes).to(device)
+    widths = {name: m.classifier.in_features for name, m in models.items() if hasattr(m, "classifier")}
+    if len(models) > 1 and len(set(widths.values())) != 1:
+        raise ConfigError(f"model.architectures have features of different widths {widths}: heterogeneous clients "
+                          "share one classifier, so pick architectures with the same width (FedClassAvg: 512)")
+    return models
 
 
 def run(job: Job, log=print) -> None:

@@ -1,4 +1,5 @@
-"""A worker: the clients one rank hosts, trained one after another on one reused model instance.
+"""A worker: the clients one rank hosts, trained one after another on one reused model instance per
+architecture (one, unless model.architectures makes the clients heterogeneous).
 
 Each phase, the worker adds every hosted sampled client's weighted uplink into one float64 buffer
 per payload, in increasing client id order, so the reduction over ranks sees one buffer per rank.
@@ -13,9 +14,9 @@ from hpcfl.training import evaluate
 
 
 class Worker:
-    def __init__(self, algorithm: Algorithm, clients: dict[int, Client], model: torch.nn.Module, trainer, device,
-                 num_classes: int, eval_batch: int):
-        self.algorithm, self.clients, self.model, self.trainer, self.device = algorithm, clients, model, trainer, device
+    def __init__(self, algorithm: Algorithm, clients: dict[int, Client], models: dict[str, torch.nn.Module], trainer,
+                 device, num_classes: int, eval_batch: int):
+        self.algorithm, self.clients, self.models, self.trainer, self.device = algorithm, clients, models, trainer, device
         self.num_classes, self.eval_batch = num_classes, eval_batch
         self.compute_s = 0.0
 
@@ -28,10 +29,11 @@ class Worker:
         self.algorithm.receive(phase, round, downlink)
         for cid in sorted(c for c in cohort if c in self.clients):
             client = self.clients[cid]
+            model = self.models[client.architecture]
             client.state = {k: v.to(self.device) for k, v in client.state.items()}
             try:
                 contributions, metrics = self.algorithm.update_client(phase, round, client, downlink,
-                                                                      self.model, self.trainer)
+                                                                      model, self.trainer)
             except Exception as err:
                 err.add_note(f"hpcfl: in client {cid}, round {round}, phase '{phase.name}'")
                 raise
@@ -41,7 +43,7 @@ class Worker:
             if not metrics:                                     # a phase without training (FedFM's anchors)
                 continue
             for split, (x, y) in client.eval_sets.items():     # the trained local model, on the client's own data
-                metrics[f"{split}_acc"] = evaluate(self.model, x, y, self.num_classes, self.eval_batch)["acc"]
+                metrics[f"{split}_acc"] = evaluate(model, x, y, self.num_classes, self.eval_batch)["acc"]
             for j, key in enumerate(metric_names):
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start

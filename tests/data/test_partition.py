@@ -159,6 +159,13 @@ def test_dirichlet_equal_gives_equal_sizes_and_beta_controls_skew(num_clients):
     assert skewed > 0.45 and mild < 0.15, (skewed, mild)
 
 
+def test_dirichlet_equal_size_takes_a_subset_of_equal_clients():
+    parts = partition(LABELS, 7, "dirichlet_equal", {"beta": 0.5, "size": 40}, seed=0)
+    assert [len(p) for p in parts] == [40] * 7 and _disjoint_sorted(parts)
+    with pytest.raises(ConfigError, match="partition_params.size"):
+        partition(LABELS, 7, "dirichlet_equal", {"beta": 0.5, "size": 10_000}, seed=0)
+
+
 def test_dirichlet_equal_exhausts_classes_and_still_fills_every_client():
     # 3 classes of very different sizes: the big client shares would overrun the small classes.
     labels = np.repeat([0, 1, 2], [900, 60, 40])

@@ -9,12 +9,12 @@ from hpcfl.models import MODELS, build_model, count_parameters, model_state
 
 torch.set_num_threads(1)
 
-IMAGE_MODELS = ["fmnist_cnn", "tcnn", "lenet", "vgg9", "resnet18", "resnet50",
+IMAGE_MODELS = ["fmnist_cnn", "fmnist_cnn_narrow", "fmnist_cnn_wide", "tcnn", "lenet", "vgg9", "resnet18", "resnet50",
                 "shufflenetv2", "googlenet", "alexnet_cifar"]
 SEQ_LEN, VOCAB = 20, 80
 
 FEATURE_WIDTH = {
-    "fmnist_cnn": 128, "tcnn": 512, "lenet": 500, "vgg9": 512, "char_lstm": 256,
+    "fmnist_cnn": 128, "fmnist_cnn_narrow": 128, "fmnist_cnn_wide": 128, "tcnn": 512, "lenet": 500, "vgg9": 512, "char_lstm": 256,
     "resnet18": 512, "resnet50": 2048, "shufflenetv2": 512, "googlenet": 512, "alexnet_cifar": 512,
 }
 
@@ -191,9 +191,8 @@ def test_bad_or_tiny_inputs_give_config_errors(name):
         with pytest.raises(ConfigError):
             build_model(name, (1, 28, 28), 10)
         return
-    if name != "fmnist_cnn":    # cnn.py (not part of this file's scope) does not check the rank yet
-        with pytest.raises(ConfigError):
-            build_model(name, (SEQ_LEN,), 10)
+    with pytest.raises(ConfigError):
+        build_model(name, (SEQ_LEN,), 10)
     try:
         model = build_model(name, (1, 8, 8), 10)
     except ConfigError:

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.mpi
 TIMING = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s")
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds
           "fedfm_lite": {"start_round": 1, "weight": 1.0, "model_every": 2}}
+HETEROGENEOUS = {"local_only", "fedclassavg", "fedproto"}      # clients of two architectures side by side
 
 
 def _job(algorithm: str, root: str, name: str):
@@ -26,6 +27,7 @@ def _job(algorithm: str, root: str, name: str):
         "data": {"dataset": "digits", "num_clients": 6, "partition": "dirichlet", "partition_params": {"beta": 0.5},
                  "validation_fraction": 0.2, "local_test_ratio": 0.3},
         "train": {"clients_per_round": 6 if everyone else 4, "batch_size": 16, "lr": 0.05, "momentum": 0.5},
+        "model": {"architectures": ["fmnist_cnn_narrow", "fmnist_cnn"] if algorithm in HETEROGENEOUS else []},
         "algorithm": {"name": algorithm, "params": PARAMS.get(algorithm, {})},
         "eval": {"every": 2}})
 

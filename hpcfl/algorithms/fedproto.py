@@ -1,0 +1,69 @@
+"""FedProto — Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous Clients",
+AAAI 2022, Algorithm 1, eq. (6)-(8); the comparison in FedClassAvg's Table 2.
+
+Clients keep their whole models (which may differ in architecture, as long as the feature width
+agrees: hpcfl.algorithms.personal) and share only class prototypes, the mean features of each class.
+Each round a sampled client trains on CE + lambda * mean squared distance between each sample's
+features and its class's global prototype (eq. 8; classes without a global prototype yet add
+nothing, as in the authors' code), then sends the per-class feature sums and counts of its trained
+model. The server's prototype of class j is the count-weighted mean over the clients holding j
+(eq. 6), which is the anchor-aggregation collective of FedFM (hpcfl.anchors): one sum-reduction,
+and a class nobody sent keeps its prototype. Accuracy is the client's own model (feature extractor +
+classifier) on its local test set; the authors also report nearest-prototype inference, not done here.
+"""
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from hpcfl.algorithms.base import Phase
+from hpcfl.algorithms.personal import Personal
+from hpcfl.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
+from hpcfl.regularizers import Regularizer
+
+
+class PrototypeDistance(Regularizer):
+    """lambda * MSE(features, global prototype of the label), over samples whose class has one."""
+    name = "proto"
+
+    @dataclass(frozen=True)
+    class Params:
+        weight: float = 1.0           # lambda (the authors' `ld`)
+
+    def start(self, model, client, round, received):
+        self.prototypes = received[ANCHORS]["anchors"]
+        self.known = received[ANCHORS]["known"] > 0
+
+    def loss(self, model, x, y, features, logits):
+        has = self.known[y]
+        if not has.any():
+            return None
+        return self.params.weight * F.mse_loss(features[has], self.prototypes[y[has]])
+
+
+class FedProto(Personal):
+    name, Params = "fedproto", PrototypeDistance.Params
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        self.regularizers.insert(0, PrototypeDistance(params))
+        down, up = anchor_layouts(setup.num_classes, setup.feature_dim)
+        self.phase = Phase("train", downlink={ANCHORS: down}, uplink={ANCHORS: up})
+
+    def plan(self, round):
+        return [self.phase]
+
+    def init_server_state(self, model):
+        return {f"{ANCHORS}.{k}": v for k, v in initial_anchors(self.setup.num_classes, self.setup.feature_dim).items()}
+
+    def downlink(self, phase, round, server_state):
+        return {ANCHORS: self.anchor_state(server_state)}
+
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        start = self.start_own(model, client)
+        metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
+        self.keep_model(client, model)
+        sums = local_anchors(model, client.x, client.y, self.setup.job.eval.batch_size, "samples", downlink[ANCHORS])
+        return {ANCHORS: (sums, 1.0)}, metrics
+
+    def aggregate(self, phase, round, server_state, uplink):
+        update_anchors(self.anchor_state(server_state), uplink[ANCHORS])

@@ -1,0 +1,54 @@
+"""Personalised algorithms: every client keeps its own whole model (local-only, the ensemble,
+FedClassAvg, FedProto), so clients may have different architectures (`model.architectures`).
+
+A client's model is its persistent state under "model.*", on its worker (on the CPU between rounds),
+from the first round it trains; until then it is the initial model of its architecture, one shared
+copy per architecture and worker. There is no single global model: accuracy is personalised, each
+trained client's model on its own held-out data, so the job needs data.local_test_ratio or
+data.validation_fraction.
+"""
+from hpcfl.algorithms.base import Algorithm, Tensors
+from hpcfl.errors import ConfigError
+from hpcfl.models import load_state
+
+OWN = "model."
+
+
+class Personal(Algorithm):
+    global_model, heterogeneous, anchor_phase = False, True, False
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        self.initial: dict[str, Tensors] = {}       # architecture -> its initial model state
+
+    @classmethod
+    def check(cls, job):
+        super().check(job)
+        if job.algorithm.regularizers.keys() & {"fm_cg", "fm_l2"}:
+            raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
+                              "drop fm_cg / fm_l2 from algorithm.regularizers")
+        if not cls.client_test and job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
+            raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
+                              "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "
+                              "data.validation_fraction (e.g. 0.2)")
+
+    def evaluate(self, server_state, model, x, y, batch_size):
+        return None
+
+    def init_client_state(self, client, initial_model):
+        if client.architecture not in self.initial:
+            self.initial[client.architecture] = {k: v.detach().clone().cpu() for k, v in initial_model.state_dict().items()}
+        return {}
+
+    def own_model(self, client) -> Tensors:
+        """The client's own model state (its architecture's initial model before it first trains)."""
+        return {k[len(OWN):]: v for k, v in client.state.items() if k.startswith(OWN)} or self.initial[client.architecture]
+
+    def keep_model(self, client, model) -> None:
+        client.state.update({OWN + k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    def start_own(self, model, client, received: Tensors | None = None) -> Tensors:
+        """Load the client's own model overwritten by the `received` tensors; returns the state loaded."""
+        start = {**self.own_model(client), **(received or {})}
+        load_state(model, start)
+        return start
