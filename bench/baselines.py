@@ -9,28 +9,20 @@ worker's `rank/client_state_bytes` and peak resident memory from the result file
     python bench/baselines.py [--rounds 4] [--algorithms fedavg moon] [--skip-memory]
 """
 import argparse
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+import runs
 
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.metrics import read_run
 
-MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "quickstart.toml"
 
 
 def launch(root: Path, name: str, algorithm: str, *overrides: str, ranks: int = 0) -> dict:
-    cmd = [sys.executable, "-m", "hpcfl.launch", str(JOB), "--results-root", str(root),
-           "--set", f"run.name={name!r}", "--set", f"algorithm.name={algorithm!r}",
-           *(arg for o in overrides for arg in ("--set", o))]
-    if algorithm == "local_only":
-        cmd += ["--set", "data.local_test_ratio=0.3"]
-    subprocess.run([MPIRUN, "-np", str(ranks), *cmd] if ranks else cmd, check=True, capture_output=True)
-    return read_run(root / "quickstart" / f"{name}.h5").arrays
+    personal = ["data.local_test_ratio=0.3"] if algorithm == "local_only" else []
+    return runs.launch(JOB, root, name, f"algorithm.name={algorithm!r}", *personal, *overrides, ranks=ranks)
 
 
 def per_round_times(root: Path, algorithms: list[str], rounds: int) -> None:

@@ -15,44 +15,24 @@ stand-in in CIFAR-10's real file format (memory does not depend on the pixels).
 """
 import argparse
 import pickle
-import subprocess
-import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
-from hpcfl.metrics import read_run
+from runs import launch, run_all
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs" / "fedclassavg"
-MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 METHODS = ("local_only", "fedproto", "fedclassavg")
-
-
-def launch(job: Path, root: Path, name: str, *overrides: str, ranks: int = 0) -> dict:
-    cmd = [sys.executable, "-m", "hpcfl.launch", str(job), "--results-root", str(root), "--set", f"run.name={name!r}",
-           *(arg for o in overrides for arg in ("--set", o))]
-    subprocess.run([MPIRUN, "-np", str(ranks), *cmd] if ranks else cmd, check=True, capture_output=True)
-    return next((root).glob(f"*/{name}.h5"))
 
 
 def study(args) -> None:
     def one(method, seed):
-        name = f"{method}-seed{seed}"
-        done = list(args.root.glob(f"*/{name}.h5"))
-        if done and read_run(done[0]).attrs.get("status") == "completed":
-            return read_run(done[0]).arrays
-        for path in done:
-            path.unlink()                 # an interrupted earlier run: redo it
-        overrides = [f"algorithm.name={method!r}", f"run.seed={seed}"]
-        if method != "fedclassavg":
-            overrides.append("algorithm.params={}")
-        return read_run(launch(JOBS / "fmnist-cpu.toml", args.root, name, *overrides)).arrays
+        reset = [] if method == "fedclassavg" else ["algorithm.params={}"]
+        return launch(JOBS / "fmnist-cpu.toml", args.root, f"{method}-seed{seed}", f"algorithm.name={method!r}",
+                      f"run.seed={seed}", *reset)
 
     jobs = [(m, s) for m in METHODS for s in args.seeds]
-    with ThreadPoolExecutor(args.parallel) as pool:
-        results = dict(zip(jobs, pool.map(lambda job: one(*job), jobs)))
+    results = run_all(jobs, one, args.parallel)
     print("| method | seed | personalised accuracy, last round (mean ± std across clients) | "
           "bytes per client per round (down / up) |")
     print("|---|---|---|---|")
@@ -82,9 +62,8 @@ def memory(args) -> None:
         if data_root is None:
             data_root = Path(tmp) / "data"
             _cifar_stand_in(data_root)
-        path = launch(JOBS / "cifar10-dir.toml", Path(tmp), "memory", "run.rounds=1", f"data.root={str(data_root)!r}",
-                      ranks=3)
-        arrays = read_run(path).arrays
+        arrays = launch(JOBS / "cifar10-dir.toml", Path(tmp), "memory", "run.rounds=1",
+                        f"data.root={str(data_root)!r}", ranks=3)
         clients = 20
         print(f"classifier bytes per client per round: down {arrays['round/bytes_down/shared'][0] / clients:,.0f}, "
               f"up {arrays['round/bytes_up/shared'][0] / clients:,.0f}")

@@ -6,14 +6,10 @@ each sent. Runs `--parallel` one-process jobs at a time (one CPU core each) and 
     python bench/fedfm_study.py [--seeds 0 1 2] [--parallel 2] [--root results] [--weight 50]
 """
 import argparse
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
-from hpcfl.metrics import read_run
+from runs import launch, run_all
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "fedfm" / "fmnist-cpu.toml"
 METHODS = {                                   # label -> overrides of the job file, given lambda
@@ -31,14 +27,7 @@ METHODS = {                                   # label -> overrides of the job fi
 def run(root: Path, label: str, seed: int, weight: float) -> dict:
     suffix = "" if label == "FedAvg" or weight == 50.0 else f"-lambda{weight:g}"
     name = f"{label.replace(' ', '').replace('=', '')}{suffix}-seed{seed}"
-    cmd = [sys.executable, "-m", "hpcfl.launch", str(JOB), "--results-root", str(root), "--set", f"run.seed={seed}",
-           "--set", f"run.name={name!r}", *(arg for o in METHODS[label](weight) for arg in ("--set", o))]
-    path = root / "fedfm-fmnist" / f"{name}.h5"
-    if path.exists() and read_run(path).attrs.get("status") != "completed":
-        path.unlink()                 # an interrupted earlier run: redo it
-    if not path.exists():
-        subprocess.run(cmd, check=True, capture_output=True)
-    return read_run(path).arrays
+    return launch(JOB, root, name, f"run.seed={seed}", *METHODS[label](weight))
 
 
 def main() -> None:
@@ -49,8 +38,7 @@ def main() -> None:
     parser.add_argument("--weight", type=float, default=50.0, help="lambda of every FedFM variant (paper: 50)")
     args = parser.parse_args()
     jobs = [(label, seed) for label in METHODS for seed in args.seeds]
-    with ThreadPoolExecutor(args.parallel) as pool:
-        results = dict(zip(jobs, pool.map(lambda job: run(args.root, *job, args.weight), jobs)))
+    results = run_all(jobs, lambda label, seed: run(args.root, label, seed, args.weight), args.parallel)
     print("| method | final test accuracy (mean ± std over seeds) | per seed | mean of the last 5 rounds | "
           "MB sent (down + up) | NMI |")
     print("|---|---|---|---|---|---|")

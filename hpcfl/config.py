@@ -72,6 +72,8 @@ class AlgorithmConfig:
 class EvalConfig:
     every: int = 1                  # evaluate the global model every k rounds (and at the last)
     batch_size: int = 1000
+    forgetting: bool = False        # class-wise accuracy of the round's global model and of every trained
+                                    # local model on the test set, and FedKA's forgetting degree (eq. 1)
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,9 @@ def _check_registries(job: JobConfig) -> None:
     for name, raw in job.algorithm.regularizers.items():
         regularizer_params(name, raw)
     ALGORITHMS[job.algorithm.name].check(job)
+    if job.eval.forgetting and not ALGORITHMS[job.algorithm.name].global_model:
+        raise ConfigError(f"eval.forgetting compares local models with the global model, which algorithm "
+                          f"'{job.algorithm.name}' does not have; set eval.forgetting = false")
 
 
 def load_job(path: str | Path, overrides: list[str] = ()) -> JobConfig:

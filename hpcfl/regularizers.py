@@ -33,6 +33,16 @@ that lives with the client on its worker, off the GPU between rounds (`finish`, 
            (temperature / base_temperature) * mean over the 2N anchors of -mean log-softmax over the positives.
            FedClassAvg's code feeds unnormalised features at temperature 100 (base 0.07): normalize =
            false, temperature = 100 reproduces it.
+- `ka`     FedKA, Chen, Zhu & Zheng, "Towards Fast and Stable Federated Learning: Confronting
+           Heterogeneity via Knowledge Anchor", ACM MM 2023, eq. (2)-(3) (no released code; the paper is
+           the specification). Classes are dominant / non-dominant / missing by their share of the
+           client's data against gamma (Definition 1; gamma is not given: default 1/K, "at least a uniform
+           share"). Each round T_i = the shared set's sample of every missing class + one random own sample
+           of every non-dominant class (drawn per (seed, round, client)), randomly cut to `size` (mu = 10);
+           the loss is weight * ||Phi(f_g(T)) - Phi(f_i(T))||^2 / |T|, Phi dropping the dominant classes'
+           logits, f_g the round's received model (eval mode, fixed for the round), f_i the local model in
+           its training mode on T as a separate small batch. beta = 0.1 by default (the paper tunes it in
+           {0.5, 0.1, 0.01, 0.001}).
 - `ntd`    FedNTD, Lee et al., NeurIPS 2022, eq. (4): beta * tau^2 * KL(q_glob || q_local) over the
            not-true classes, both softmaxes at temperature tau (tau^2 scaling and the defaults beta = 1,
            tau = 3 as in the authors' code).
@@ -48,6 +58,7 @@ from torch import nn
 from hpcfl.config import params_from
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
+from hpcfl.seeding import torch_generator
 
 Tensors = dict[str, torch.Tensor]
 
@@ -63,6 +74,8 @@ class Regularizer:
         self.params = params
 
     needs_anchors: ClassVar[bool] = False
+    needs_shared: ClassVar[bool] = False   # the run's shared set S (one sample per class) as client.shared
+    seed: int = 0                          # the run's seed, for terms that draw per (round, client)
     views: ClassVar[int] = 1       # 2: the trainer makes two augmented views of each batch (SupCon), and
                                    # `loss` gets their features as N x 2 x d (view 1 is what the task loss sees)
 
@@ -273,9 +286,78 @@ class SupCon(Regularizer):
         return -self.params.weight * scale * mean_positive.mean()
 
 
+def class_categories(class_counts, gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FedKA Definition 1: boolean masks of a client's dominant (share >= gamma), non-dominant
+    (0 < share < gamma) and missing classes."""
+    counts = torch.as_tensor(class_counts, dtype=torch.float64)
+    share = counts / counts.sum().clamp(min=1)
+    return share >= gamma, (share > 0) & (share < gamma), share == 0
+
+
+class KnowledgeAnchor(Regularizer):
+    """FedKA: beta / |T| * ||logits_global(T) - logits_local(T)||^2 over the non-dominant classes' logits,
+    T = the shared sample of each missing class + one random own sample of each non-dominant class."""
+    name, needs_shared = "ka", True
+
+    @dataclass(frozen=True)
+    class Params:
+        weight: float = 0.1           # beta
+        size: int = 10                # mu: T is down-sampled to at most this many samples
+        gamma: float = 0.0            # dominance threshold; 0: 1 / num_classes
+        classes: str = "all"          # all | non_dominant | missing (Table 6's ablations)
+
+        def __post_init__(self):
+            if self.classes not in ("all", "non_dominant", "missing"):
+                raise ValueError(f"classes = {self.classes!r}; choose 'all', 'non_dominant' or 'missing'")
+            if self.size < 1 or not 0 <= self.gamma <= 1:
+                raise ValueError(f"size = {self.size} must be >= 1 and gamma = {self.gamma} in [0, 1]")
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.global_model = Frozen()
+
+    def anchor(self, client, round: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This round's knowledge anchor T_i (eq. 2), down-sampled to `size`: (x, y)."""
+        counts = client.class_counts
+        dominant, non_dominant, missing = class_categories(counts, self.params.gamma or 1.0 / len(counts))
+        generator = torch_generator(self.seed, "ka", round, client.id)
+        xs, ys = [], []
+        if self.params.classes != "non_dominant":
+            shared_x, shared_y = client.shared
+            pick = missing[shared_y.cpu()].to(shared_y.device)
+            xs.append(shared_x[pick])
+            ys.append(shared_y[pick])
+        if self.params.classes != "missing":
+            for k in torch.nonzero(non_dominant).flatten().tolist():
+                own = torch.nonzero(client.y == k).flatten()
+                j = own[torch.randint(len(own), (1,), generator=generator).item()]
+                xs.append(client.x[j:j + 1])
+                ys.append(client.y[j:j + 1])
+        x, y = torch.cat(xs), torch.cat(ys)
+        if len(y) > self.params.size:
+            keep = torch.randperm(len(y), generator=generator)[:self.params.size].sort().values.to(y.device)
+            x, y = x[keep], y[keep]
+        return x, y
+
+    def start(self, model, client, round, received):
+        self.x, _ = self.anchor(client, round)
+        dominant, _, _ = class_categories(client.class_counts, self.params.gamma or 1.0 / len(client.class_counts))
+        self.kept = ~dominant.to(client.y.device)
+        if len(self.x):
+            self.global_model.load(model, received["model"])
+            with torch.no_grad():
+                self.target = self.global_model.net(self.x)[:, self.kept]
+
+    def loss(self, model, x, y, features, logits):
+        if not len(self.x):
+            return None
+        local = model(self.x)[:, self.kept]
+        return self.params.weight * ((self.target - local) ** 2).sum() / len(self.x)
+
+
 REGULARIZERS: dict[str, type[Regularizer]] = {
     cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching,
-                              SupCon)}
+                              SupCon, KnowledgeAnchor)}
 
 
 def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:
@@ -285,5 +367,8 @@ def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:
     return params_from(REGULARIZERS[name].Params, raw, f"algorithm.regularizers.{name}")
 
 
-def build_regularizers(tables: Mapping[str, Mapping]) -> list[Regularizer]:
-    return [REGULARIZERS[name](regularizer_params(name, raw)) for name, raw in tables.items()]
+def build_regularizers(tables: Mapping[str, Mapping], seed: int = 0) -> list[Regularizer]:
+    terms = [REGULARIZERS[name](regularizer_params(name, raw)) for name, raw in tables.items()]
+    for term in terms:
+        term.seed = seed
+    return terms

@@ -113,7 +113,7 @@ def test_regularizers_are_configured_by_list_or_table():
     terms = build_regularizers(table.algorithm.regularizers)
     assert [(t.name, t.params) for t in terms] == [("prox", Prox.Params(mu=0.1)),
                                                    ("ntd", NotTrueDistillation.Params(beta=0.3))]
-    assert set(REGULARIZERS) == {"prox", "moon", "fedrs", "ntd", "fm_cg", "fm_l2", "supcon"}
+    assert set(REGULARIZERS) == {"prox", "moon", "fedrs", "ntd", "fm_cg", "fm_l2", "supcon", "ka"}
 
 
 @pytest.mark.parametrize("algorithm, message", [

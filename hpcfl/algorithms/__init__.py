@@ -1,6 +1,6 @@
 """Algorithm registry: one class per paper or baseline, both halves in one file."""
 from hpcfl.algorithms.base import Algorithm
-from hpcfl.algorithms.fedavg import MOON, FedAvg, FedFM, FedNTD, FedProx, FedRS
+from hpcfl.algorithms.fedavg import MOON, FedAvg, FedFM, FedKA, FedNTD, FedProx, FedRS
 from hpcfl.algorithms.fedavgm import FedAvgM
 from hpcfl.algorithms.fedclassavg import FedClassAvg
 from hpcfl.algorithms.feddyn import FedDyn
@@ -13,7 +13,7 @@ from hpcfl.config import params_from
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
     FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble, FedFM, FedFMLite,
-    FedClassAvg, FedProto)}
+    FedClassAvg, FedProto, FedKA)}
 
 
 def algorithm_params(name: str, raw: dict) -> Algorithm.Params:

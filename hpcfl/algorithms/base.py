@@ -61,6 +61,7 @@ class Client:
     state: Tensors = field(default_factory=dict)       # kept on CPU between rounds
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
     test_set: tuple[torch.Tensor, torch.Tensor] | None = None     # the global test set, if the algorithm asks
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None       # FedKA's shared set S, one sample per class
 
     @property
     def num_samples(self) -> int:
@@ -109,7 +110,7 @@ class Algorithm:
 
     def __init__(self, params: "Algorithm.Params", setup: Setup):
         self.params, self.setup = params, setup
-        self.regularizers: list[Regularizer] = build_regularizers(setup.job.algorithm.regularizers)
+        self.regularizers: list[Regularizer] = build_regularizers(setup.job.algorithm.regularizers, setup.job.run.seed)
         self.carried: dict[str, Tensors] = {}       # client side: what earlier phases of the round received
 
     @property

@@ -20,6 +20,10 @@ The presets below are FedAvg with their term (hpcfl.regularizers) and its parame
             each round from T_s on opens with the anchor phase (eq. 8-9, hpcfl.anchors), then clients
             train with CE + lambda * CG and the server averages the models (eq. 11). `fm_l2` as a
             regularizer on `fedavg` gives the l2 variant (eq. 3, 10).
+- `fedka`   FedKA, Chen, Zhu & Zheng, "Towards Fast and Stable Federated Learning: Confronting
+            Heterogeneity via Knowledge Anchor", ACM MM 2023, Algorithm 1: FedAvg whose clients add the
+            knowledge-anchor term (eq. 3; `ka` in hpcfl.regularizers, which documents the choices the
+            paper leaves open) against the round's global model, over the shared set S built once.
 """
 from typing import ClassVar
 
@@ -28,8 +32,8 @@ import torch
 from hpcfl.algorithms.base import (ONE, WEIGHT, Algorithm, Phase, assign, weighted_mean,
                                    weighted_model_layout)
 from hpcfl.errors import ConfigError
-from hpcfl.regularizers import (ContrastiveGuiding, Moon, NotTrueDistillation, Prox, Regularizer,
-                                 RestrictedSoftmax)
+from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox,
+                                 Regularizer, RestrictedSoftmax)
 
 
 class FedAvg(Algorithm):
@@ -96,3 +100,7 @@ class FedNTD(FedAvg):
 
 class FedFM(FedAvg):
     name, term, Params = "fedfm", ContrastiveGuiding, ContrastiveGuiding.Params
+
+
+class FedKA(FedAvg):
+    name, term, Params = "fedka", KnowledgeAnchor, KnowledgeAnchor.Params

@@ -363,3 +363,15 @@ def local_test_sets(test_labels: np.ndarray, class_counts: np.ndarray, size_rati
         within = np.arange(size) - np.repeat(np.cumsum(need) - need, need)
         sets.append(np.sort(by_class[start[cls] + within % pool[cls]]).astype(np.int64))
     return sets
+
+
+def shared_set(labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
+    """FedKA's minimal shared set S: one training-sample index per class (in class order), drawn from
+    the whole training set with its own generator, so every rank and run with `seed` picks the same."""
+    labels = np.asarray(labels)
+    rng = numpy_rng(seed, "shared-set")
+    missing = [k for k in range(num_classes) if not (labels == k).any()]
+    if missing:
+        raise DataError(f"the training set has no sample of class {missing[0]}, so the shared set S cannot "
+                        "hold one sample per class; use a data set that covers every class")
+    return np.array([rng.choice(np.flatnonzero(labels == k)) for k in range(num_classes)], dtype=np.int64)

@@ -20,7 +20,7 @@ from hpcfl.algorithms.base import Client, Setup
 from hpcfl.config import JobConfig
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import count_matrix, local_test_sets, partition, validation_split
+from hpcfl.data.partition import count_matrix, local_test_sets, partition, shared_set, validation_split
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
@@ -110,11 +110,15 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     if two_views and data.mean is None:
         raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no images; "
                           "drop the term or pick an image data set")
+    shared = (shared_set(labels, data.num_classes, config.run.seed)
+              if any(t.needs_shared for t in algorithm.regularizers) else None)
     worker = server = recorder = None
     if transport.rank in workers:
         clients = {}
-        if algorithm.client_test:
+        if algorithm.client_test or config.eval.forgetting:
             test_x, test_y = data.test_x.to(device), data.test_y.to(device)
+        if shared is not None:
+            shared_xy = data.train_x[torch.from_numpy(shared)].to(device), data.train_y[torch.from_numpy(shared)].to(device)
         for cid, rank in transport.client_rank.items():
             if rank == transport.rank:
                 idx = torch.from_numpy(parts[cid])
@@ -126,8 +130,10 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                 if local_tests is not None:
                     test = torch.from_numpy(local_tests[cid])
                     clients[cid].eval_sets["local_test"] = data.test_x[test].to(device), data.test_y[test].to(device)
-                if algorithm.client_test:
+                if algorithm.client_test or config.eval.forgetting:
                     clients[cid].test_set = test_x, test_y
+                if shared is not None:
+                    clients[cid].shared = shared_xy
                 clients[cid].state = algorithm.init_client_state(clients[cid], models[clients[cid].architecture])
         trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
         worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size)
@@ -136,6 +142,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
         recorder.write_array("partition", counts)
         recorder.write_array("placement", np.array([transport.client_rank[c] for c in range(len(parts))]))
+        if shared is not None:
+            recorder.write_array("shared_samples", shared)
         sizes = counts.sum(1)
         log(f"hpcfl: {config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
             f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
@@ -168,10 +176,15 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
 def run(job: Job, log=print) -> None:
     """The round loop, identical on every rank."""
     cfg, transport = job.config, job.transport
+    evaluation, start_acc = {}, None
     for round in range(cfg.run.rounds):
         start = time.perf_counter()
         cohort = [int(c) for c in job.cohorts[round]]
         rows = np.zeros((cfg.data.num_clients, len(CLIENT_METRICS)))
+        class_rows = np.zeros((cfg.data.num_clients, job.num_classes)) if cfg.eval.forgetting else None
+        if cfg.eval.forgetting and job.server:        # the model this round starts from, tested once
+            tested = evaluation.get("class/test_acc")          # the last round's evaluation, if it had one
+            start_acc = tested if tested is not None else job.server.evaluate()["class_acc"]
         phase_s, bytes_down, bytes_up = {}, {}, {}
         for phase in job.algorithm.phases(round):
             phase_start = time.perf_counter()
@@ -181,7 +194,7 @@ def run(job: Job, log=print) -> None:
                 buf = transport.broadcast(name, packed.get(name))
                 downlink[name] = layout.unpack(torch.from_numpy(buf).to(_device(job)))
                 bytes_down[name] = bytes_down.get(name, 0) + 4 * layout.numel * len(cohort)
-            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS) if job.worker
+            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS, class_rows) if job.worker
                     else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
             reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
             for name, layout in phase.uplink.items():
@@ -190,8 +203,10 @@ def run(job: Job, log=print) -> None:
                 job.server.aggregate(phase, round, reduced)
             phase_s[phase.name] = phase_s.get(phase.name, 0.0) + time.perf_counter() - phase_start
         evaluation = _evaluate(job, round)
-        report = _report(job, rows)
+        report = _report(job, rows if class_rows is None else np.concatenate([rows, class_rows], axis=1))
         if job.server:
+            if start_acc is not None:
+                evaluation.update(_forgetting(job, cohort, report, start_acc))
             _record(job, round, cohort, report, evaluation, phase_s, bytes_down, bytes_up,
                     time.perf_counter() - start, log)
     if job.server and job.algorithm.global_model:       # FedFM Table IV, for every global model
@@ -219,6 +234,19 @@ def _evaluate(job: Job, round: int) -> dict:
             "class/test_acc": result["class_acc"], "round/eval_s": time.perf_counter() - start}
 
 
+FORGETTING_XI = 1e-3            # xi of FedKA eq. (1), which keeps a class the global model never gets finite
+
+
+def _forgetting(job: Job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) -> dict:
+    """FedKA eq. (1) per sampled client and class: (acc_global - acc_local) / (acc_global + xi), with
+    acc_global the class accuracy of the model the round started from."""
+    n, width = job.config.data.num_clients, len(CLIENT_METRICS) + job.num_classes
+    local = np.full((n, job.num_classes), np.nan)
+    local[cohort] = flat[:n * width].reshape(n, width)[cohort, len(CLIENT_METRICS):]
+    return {"class/start_acc": start_acc, "client_class/test_acc": local,
+            "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
+
+
 def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
     """Sum clients' metric rows and each rank's RANK_METRICS onto the server."""
     transport = job.transport
@@ -240,8 +268,9 @@ def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
 
 def _record(job, round, cohort, flat, evaluation, phase_s, bytes_down, bytes_up, round_s, log) -> None:
     cfg, n = job.config, job.config.data.num_clients
-    rows = flat[:n * len(CLIENT_METRICS)].reshape(n, len(CLIENT_METRICS))
-    ranks = flat[n * len(CLIENT_METRICS):].reshape(job.transport.size, len(RANK_METRICS))
+    width = len(CLIENT_METRICS) + (job.num_classes if cfg.eval.forgetting else 0)
+    rows = flat[:n * width].reshape(n, width)[:, :len(CLIENT_METRICS)]
+    ranks = flat[n * width:].reshape(job.transport.size, len(RANK_METRICS))
     sampled = np.zeros(n, dtype=bool)
     sampled[cohort] = True
     values = {}

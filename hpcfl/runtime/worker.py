@@ -21,8 +21,9 @@ class Worker:
         self.compute_s = 0.0
 
     def run_phase(self, phase: Phase, round: int, cohort: list[int], downlink: dict, rows: np.ndarray,
-                  metric_names: tuple[str, ...]) -> dict[str, np.ndarray]:
-        """Train this rank's sampled clients; returns the summed uplink buffers; fills `rows` (client x metric)."""
+                  metric_names: tuple[str, ...], class_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Train this rank's sampled clients; returns the summed uplink buffers; fills `rows` (client x
+        metric) and, if given, `class_rows` (client x class: the trained model's test accuracy per class)."""
         start = time.perf_counter()
         sums = {name: torch.zeros(layout.numel, dtype=torch.float64, device=self.device)
                 for name, layout in phase.uplink.items()}
@@ -44,6 +45,8 @@ class Worker:
                 continue
             for split, (x, y) in client.eval_sets.items():     # the trained local model, on the client's own data
                 metrics[f"{split}_acc"] = evaluate(model, x, y, self.num_classes, self.eval_batch)["acc"]
+            if class_rows is not None:
+                class_rows[cid] = evaluate(model, *client.test_set, self.num_classes, self.eval_batch)["class_acc"]
             for j, key in enumerate(metric_names):
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start

@@ -29,7 +29,7 @@ def _job(algorithm: str, root: str, name: str):
         "train": {"clients_per_round": 6 if everyone else 4, "batch_size": 16, "lr": 0.05, "momentum": 0.5},
         "model": {"architectures": ["fmnist_cnn_narrow", "fmnist_cnn"] if algorithm in HETEROGENEOUS else []},
         "algorithm": {"name": algorithm, "params": PARAMS.get(algorithm, {})},
-        "eval": {"every": 2}})
+        "eval": {"every": 2, "forgetting": algorithm == "fedka"}})
 
 
 def _execute(config, transport):

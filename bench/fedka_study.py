@@ -1,0 +1,43 @@
+"""The CPU-sized FedKA study (jobs/fedka/fmnist-cpu.toml: real Fashion-MNIST, Dir(0.1), 10 clients):
+FedAvg vs FedKA over seeds. Prints each method's final test accuracy and FedKA Table 2's speed-up
+measure: the first round at which the global model reaches FedAvg's final accuracy on the same seed.
+
+    python bench/fedka_study.py [--seeds 0 1 2] [--parallel 2] [--root results]
+"""
+import argparse
+from pathlib import Path
+
+import numpy as np
+from runs import launch, run_all
+
+JOB = Path(__file__).resolve().parent.parent / "jobs" / "fedka" / "fmnist-cpu.toml"
+METHODS = {"FedAvg": ['algorithm.name="fedavg"', "algorithm.params={}"], "FedKA": []}
+
+
+def rounds_to_reach(acc: np.ndarray, target: float) -> str:
+    hit = np.flatnonzero(acc >= target)
+    return str(hit[0] + 1) if hit.size else f"> {len(acc)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--root", type=Path, default=Path("results"))
+    args = parser.parse_args()
+    jobs = [(label, seed) for label in METHODS for seed in args.seeds]
+    results = run_all(jobs, lambda label, seed: launch(JOB, args.root, f"{label}-seed{seed}", f"run.seed={seed}",
+                                                        *METHODS[label]), args.parallel)
+    print("| method | final test accuracy (mean ± std over seeds) | per seed | rounds to reach FedAvg's final "
+          "accuracy, per seed |")
+    print("|---|---|---|---|")
+    for label in METHODS:
+        curves = [results[(label, seed)]["round/test_acc"] for seed in args.seeds]
+        targets = [results[("FedAvg", seed)]["round/test_acc"][-1] for seed in args.seeds]
+        final = np.array([c[-1] for c in curves])
+        print(f"| {label} | {final.mean():.4f} ± {final.std():.4f} | {', '.join(f'{a:.4f}' for a in final)} | "
+              f"{', '.join(rounds_to_reach(c, t) for c, t in zip(curves, targets))} |")
+
+
+if __name__ == "__main__":
+    main()
