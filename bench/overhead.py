@@ -22,7 +22,8 @@ from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.models import build_model
-from hpcfl.runtime.job import cohort_schedule, run, setup
+from hpcfl.runtime.job import run, setup
+from hpcfl.seeding import cohort_schedule
 from hpcfl.seeding import torch_seed
 from hpcfl.training import LocalTrainer, evaluate
 from hpcfl.transport import LocalTransport

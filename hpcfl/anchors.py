@@ -40,12 +40,16 @@ def local_anchors(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size
     for start in range(0, y.shape[0], batch_size):
         sums.index_add_(0, y[start:start + batch_size], model.features(x[start:start + batch_size]).double())
     counts = torch.bincount(y, minlength=anchors.shape[0]).double()
-    if weighting == "samples":
-        return {"sums": sums, "counts": counts}
+    return {"sums": sums, "counts": counts} if weighting == "samples" else uniform_contribution(sums, counts, current)
+
+
+def uniform_contribution(sums: torch.Tensor, counts: torch.Tensor, current: dict[str, torch.Tensor]) -> dict:
+    """A client's per-class means with count 1, the current global anchor standing in for a class it
+    lacks (once there is one): summed over clients and divided, the plain mean of local anchors."""
     held = counts > 0
-    means = torch.where(held[:, None], sums / counts.clamp(min=1)[:, None], anchors.double())
+    means = torch.where(held[:, None], sums / counts.clamp(min=1)[:, None], current["anchors"].to(sums.dtype))
     used = held | (current["known"] > 0)
-    return {"sums": means * used[:, None], "counts": used.double()}
+    return {"sums": means * used[:, None], "counts": used.to(sums.dtype)}
 
 
 def update_anchors(current: dict[str, torch.Tensor], reduced: dict[str, torch.Tensor]) -> None:

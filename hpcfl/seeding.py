@@ -28,3 +28,10 @@ def torch_seed(seed: int, purpose: str, *keys: int) -> int:
 def torch_generator(seed: int, purpose: str, *keys: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator on `device` seeded from (seed, purpose, *keys)."""
     return torch.Generator(device=device).manual_seed(torch_seed(seed, purpose, *keys))
+
+
+def cohort_schedule(seed: int, rounds: int, num_clients: int, per_round: int) -> np.ndarray:
+    """rounds x per_round sorted client ids, from one generator drawn up front: every rank (and an
+    algorithm that plans with the cohort, such as FedCME's matching) knows every round's cohort."""
+    rng = numpy_rng(seed, "cohort")
+    return np.stack([np.sort(rng.choice(num_clients, per_round, replace=False)) for _ in range(rounds)])

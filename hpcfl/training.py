@@ -24,29 +24,32 @@ class LocalTrainer:
             return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
-    def batches(self, n: int, round: int, client: int, device) -> list[torch.Tensor]:
-        """Index batches for all local epochs, drawn from the (seed, round, client) generator."""
+    def batches(self, n: int, round: int, client: int, device, epochs: range | None = None) -> list[torch.Tensor]:
+        """Index batches for the local epochs `epochs` (default: all), drawn from the (seed, round,
+        client) generator, so a round trained in two parts sees the batches of one in one go."""
         gen = torch_generator(self.seed, "batches", round, client)
         size = self.cfg.batch_size
         out = []
-        for _ in range(self.cfg.local_epochs):
-            order = torch.randperm(n, generator=gen).to(device)
-            out += list(order.split(size))
+        for epoch in range(self.cfg.local_epochs):
+            order = torch.randperm(n, generator=gen)
+            if epochs is None or epoch in epochs:
+                out += list(order.to(device).split(size))
         return out
 
-    def train(self, model: nn.Module, client, round: int, regularizers=()) -> dict[str, float]:
+    def train(self, model: nn.Module, client, round: int, regularizers=(), epochs: range | None = None) -> dict[str, float]:
         """E local epochs of minibatch training on the client's data, the task loss being cross-entropy
         on the (regularizer-adjusted) logits plus every regularizer's term; returns the mean loss.
 
         If a term asks for two views (SupCon), each batch becomes two augmented views that go through
         the feature extractor together; the task loss and single-view terms see view 1."""
-        torch.manual_seed(torch_seed(self.seed, "client", round, client.id))   # dropout & co.
+        part = (epochs.start,) if epochs is not None and epochs.start else ()     # a later part: fresh draws
+        torch.manual_seed(torch_seed(self.seed, "client", round, client.id, *part))   # dropout & co.
         model.train()
         opt = self.optimizer(model.parameters())
         total = torch.zeros((), device=client.y.device)
-        batches = self.batches(client.num_samples, round, client.id, client.y.device)
+        batches = self.batches(client.num_samples, round, client.id, client.y.device, epochs)
         two_views = any(term.views == 2 for term in regularizers)
-        augment = (torch_generator(self.seed, "augment", round, client.id, device=client.y.device)
+        augment = (torch_generator(self.seed, "augment", round, client.id, *part, device=client.y.device)
                    if two_views or self.cfg.augment == "crop_flip" else None)
         for idx in batches:
             x, y = client.x[idx], client.y[idx]
@@ -71,7 +74,7 @@ class LocalTrainer:
             opt.step()
             total += loss.detach() * y.shape[0]
         seen = sum(int(i.shape[0]) for i in batches)
-        return {"train_loss": float(total) / seen, "steps": float(len(batches))}
+        return {"train_loss": float(total) / max(seen, 1), "steps": float(len(batches))}
 
 
 @torch.no_grad()

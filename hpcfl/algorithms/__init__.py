@@ -3,6 +3,7 @@ from hpcfl.algorithms.base import Algorithm
 from hpcfl.algorithms.fedavg import MOON, FedAvg, FedFM, FedKA, FedNTD, FedProx, FedRS
 from hpcfl.algorithms.fedavgm import FedAvgM
 from hpcfl.algorithms.fedclassavg import FedClassAvg
+from hpcfl.algorithms.fedcme import FedCME
 from hpcfl.algorithms.feddyn import FedDyn
 from hpcfl.algorithms.fedfm_lite import FedFMLite
 from hpcfl.algorithms.fednova import FedNova
@@ -13,7 +14,7 @@ from hpcfl.config import params_from
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
     FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble, FedFM, FedFMLite,
-    FedClassAvg, FedProto, FedKA)}
+    FedClassAvg, FedProto, FedKA, FedCME)}
 
 
 def algorithm_params(name: str, raw: dict) -> Algorithm.Params:

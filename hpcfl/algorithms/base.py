@@ -47,6 +47,7 @@ class Phase:
     name: str
     downlink: Mapping[str, Layout] = field(default_factory=dict)   # broadcast payloads
     uplink: Mapping[str, Layout] = field(default_factory=dict)     # sum-reduced payloads
+    exchange: Layout | None = None      # a swap phase: these tensors go client to client (exchange_* hooks)
 
 
 @dataclass
@@ -174,6 +175,18 @@ class Algorithm:
             return {ANCHORS: (self.local_anchors(model, client, downlink), 1.0)}, {}
         return self.client_update(phase, round, client, {**self.carried, **downlink}, model, trainer)
 
+    def exchange_sources(self, round: int) -> dict[int, int]:
+        """In a swap phase, on every rank: receiver client -> the client whose tensors it gets."""
+        return {}
+
+    def exchange_out(self, phase: Phase, client: Client) -> Tensors:
+        """The tensors (phase.exchange's layout) this client hands to its receivers."""
+        raise NotImplementedError
+
+    def exchange_in(self, phase: Phase, client: Client, received: Tensors) -> None:
+        """Take the tensors received from the client's source."""
+        raise NotImplementedError
+
     def anchor_state(self, server_state: Tensors) -> Tensors:
         """The server's global anchors (views into server_state)."""
         return {k: server_state[f"{ANCHORS}.{k}"] for k in ("anchors", "known")}
@@ -224,13 +237,14 @@ class Algorithm:
         load_state(model, {**state, **own})
 
     def train(self, model: nn.Module, client: Client, round: int, trainer, received: Mapping[str, Tensors],
-              extra: tuple[Regularizer, ...] = ()) -> dict[str, float]:
+              extra: tuple[Regularizer, ...] = (), epochs: range | None = None) -> dict[str, float]:
         """Local training with the configured regularizers (plus the algorithm's own `extra` terms);
-        `received` holds what the client got this round, received["model"] the model it started from."""
+        `received` holds what the client got this round, received["model"] the model it started from;
+        `epochs`: a part of the local epochs (FedCME trains a round in two)."""
         terms = [*self.regularizers, *extra]
         for term in terms:
             term.start(model, client, round, received)
-        metrics = trainer.train(model, client, round, terms)
+        metrics = trainer.train(model, client, round, terms, epochs)
         for term in terms:
             term.finish(model, client)
         if self.setup.job.model.batchnorm == "local":

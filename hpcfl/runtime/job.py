@@ -28,7 +28,7 @@ from hpcfl.runtime.placement import assign_clients, pick_device
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.server import Server
 from hpcfl.runtime.worker import Worker
-from hpcfl.seeding import numpy_rng, torch_seed
+from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer
 from hpcfl.transport import Transport
 
@@ -39,12 +39,6 @@ RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes",
 
 class SetupFailed(HpcflError):
     """Some rank could not set up; carries every failed rank's message."""
-
-
-def cohort_schedule(seed: int, rounds: int, num_clients: int, per_round: int) -> np.ndarray:
-    """rounds x per_round sorted client ids, from one generator drawn up front."""
-    rng = numpy_rng(seed, "cohort")
-    return np.stack([np.sort(rng.choice(num_clients, per_round, replace=False)) for _ in range(rounds)])
 
 
 @dataclass
@@ -185,7 +179,7 @@ def run(job: Job, log=print) -> None:
         if cfg.eval.forgetting and job.server:        # the model this round starts from, tested once
             tested = evaluation.get("class/test_acc")          # the last round's evaluation, if it had one
             start_acc = tested if tested is not None else job.server.evaluate()["class_acc"]
-        phase_s, bytes_down, bytes_up = {}, {}, {}
+        phase_s, bytes_down, bytes_up, bytes_exchange = {}, {}, {}, {}
         for phase in job.algorithm.phases(round):
             phase_start = time.perf_counter()
             packed = job.server.downlink(phase, round) if job.server else {}
@@ -194,7 +188,13 @@ def run(job: Job, log=print) -> None:
                 buf = transport.broadcast(name, packed.get(name))
                 downlink[name] = layout.unpack(torch.from_numpy(buf).to(_device(job)))
                 bytes_down[name] = bytes_down.get(name, 0) + 4 * layout.numel * len(cohort)
-            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS, class_rows) if job.worker
+            if phase.exchange is not None:
+                if job.worker:
+                    job.worker.exchange(phase, round, cohort, downlink, transport)
+                moved = len(job.algorithm.exchange_sources(round))
+                bytes_exchange[phase.name] = bytes_exchange.get(phase.name, 0) + 4 * phase.exchange.numel * moved
+            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS, class_rows)
+                    if job.worker and phase.exchange is None
                     else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
             reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
             for name, layout in phase.uplink.items():
@@ -207,7 +207,8 @@ def run(job: Job, log=print) -> None:
         if job.server:
             if start_acc is not None:
                 evaluation.update(_forgetting(job, cohort, report, start_acc))
-            _record(job, round, cohort, report, evaluation, phase_s, bytes_down, bytes_up,
+            _record(job, round, cohort, report, evaluation, phase_s, {"down": bytes_down, "up": bytes_up,
+                                                                      "exchange": bytes_exchange},
                     time.perf_counter() - start, log)
     if job.server and job.algorithm.global_model:       # FedFM Table IV, for every global model
         quality = job.server.feature_quality(cfg.run.seed)
@@ -266,7 +267,7 @@ def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
     return flat
 
 
-def _record(job, round, cohort, flat, evaluation, phase_s, bytes_down, bytes_up, round_s, log) -> None:
+def _record(job, round, cohort, flat, evaluation, phase_s, moved, round_s, log) -> None:
     cfg, n = job.config, job.config.data.num_clients
     width = len(CLIENT_METRICS) + (job.num_classes if cfg.eval.forgetting else 0)
     rows = flat[:n * width].reshape(n, width)[:, :len(CLIENT_METRICS)]
@@ -283,8 +284,8 @@ def _record(job, round, cohort, flat, evaluation, phase_s, bytes_down, bytes_up,
     samples = rows[:, CLIENT_METRICS.index("num_samples")]
     values["round/train_loss"] = float(np.sum(rows[cohort, 0] * samples[cohort]) / np.sum(samples[cohort]))
     values.update(evaluation)
-    values.update({f"round/bytes_down/{k}": float(v) for k, v in bytes_down.items()})
-    values.update({f"round/bytes_up/{k}": float(v) for k, v in bytes_up.items()})
+    for direction, by_name in moved.items():
+        values.update({f"round/bytes_{direction}/{k}": float(v) for k, v in by_name.items()})
     values.update({f"round/phase_s/{k}": v for k, v in phase_s.items()})
     for j, key in enumerate(RANK_METRICS):
         values[f"rank/{key}"] = ranks[:, j]

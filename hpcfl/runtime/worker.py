@@ -52,6 +52,21 @@ class Worker:
         self.compute_s += time.perf_counter() - start
         return {name: buf.cpu().numpy() for name, buf in sums.items()}
 
+    def exchange(self, phase: Phase, round: int, cohort: list[int], downlink: dict, transport) -> None:
+        """A swap phase: the hosted sampled clients hand their tensors to their receivers (in memory
+        on this rank, point to point across ranks); every worker reaches it with all its clients at
+        the same point of training, so no rank waits on a partner that is still training."""
+        start = time.perf_counter()
+        self.algorithm.receive(phase, round, downlink)
+        sources = self.algorithm.exchange_sources(round)
+        involved = set(sources) | set(sources.values())
+        items = {c: phase.exchange.pack(self.algorithm.exchange_out(phase, self.clients[c])).cpu().numpy()
+                 for c in sorted(cohort) if c in self.clients and c in involved}
+        for cid, buf in transport.exchange(phase.name, sources, items).items():
+            flat = torch.from_numpy(np.asarray(buf, dtype=np.float64))
+            self.algorithm.exchange_in(phase, self.clients[cid], phase.exchange.unpack(flat))
+        self.compute_s += time.perf_counter() - start
+
     def client_state_bytes(self) -> int:
         """Memory held by the hosted clients' persistent state (on the CPU between rounds)."""
         return sum(t.numel() * t.element_size() for c in self.clients.values() for t in c.state.values())

@@ -7,7 +7,8 @@ Algorithms never see this layer; the runtime turns declared payloads into these 
 - `broadcast`: server -> every rank (the downlink model, anchors, pairings).
 - `reduce_sum`: float64 sum over ranks onto the server (weighted averaging, anchor sums).
 - `gather` / `scatter`: per-client buffers to / from the server (FedMA layers and assignments).
-- `exchange`: swap buffers between paired clients (FedCME classifiers).
+- `exchange`: client-to-client buffers, each receiver getting its source's (FedCME's classifier swap:
+  both directions of each pair; many-to-one matching: one source may feed several receivers).
 """
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -56,8 +57,10 @@ class Transport:
         """Server's `items[c]` delivered to the rank hosting client c; `clients` are this rank's receivers."""
         raise NotImplementedError
 
-    def exchange(self, name: str, pairs: list[tuple[int, int]], items: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """For each pair (a, b): a receives b's buffer and b receives a's. `items` holds this rank's paired clients."""
+    def exchange(self, name: str, sources: dict[int, int], items: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """Receiver r gets the buffer of client `sources[r]`. Every rank passes the same `sources`;
+        `items` holds the buffers of this rank's clients that appear in it, receivers included (what
+        a receiver gets has the size of its own buffer)."""
         raise NotImplementedError
 
     def share(self, info: dict) -> list[dict]:
@@ -68,10 +71,11 @@ class Transport:
         pass
 
 
-def swap_in_memory(pairs: list[tuple[int, int]], items: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """The exchange for pairs whose partners both live in this process."""
-    out = {}
-    for a, b in pairs:
-        if a in items and b in items:
-            out[a], out[b] = items[b], items[a]
-    return out
+def pairs_to_sources(pairs: list[tuple[int, int]]) -> dict[int, int]:
+    """Both directions of each pair (a, b): a receives b's buffer and b receives a's."""
+    return {**{a: b for a, b in pairs}, **{b: a for a, b in pairs}}
+
+
+def deliver_in_memory(sources: dict[int, int], items: dict[int, np.ndarray], hosted) -> dict[int, np.ndarray]:
+    """The deliveries whose receiver is `hosted` here and whose source's buffer is in `items`."""
+    return {r: items[s] for r, s in sources.items() if hosted(r) and s in items}

@@ -11,7 +11,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpcfl.transport.base import Transport, swap_in_memory
+from hpcfl.transport.base import Transport, deliver_in_memory
 
 _DTYPES = [np.float64, np.float32, np.int64, np.uint8]
 
@@ -126,18 +126,20 @@ class MpiTransport(Transport):
             offset += length
         return out
 
-    def exchange(self, name, pairs, items):
-        out = swap_in_memory(pairs, items)
-        requests, received = [], {}
-        for tag, (a, b) in enumerate(pairs):
-            for mine, theirs in ((a, b), (b, a)):
-                if mine in items and theirs not in items:
-                    buf = np.ascontiguousarray(items[mine], dtype=np.float64)
-                    received[mine] = np.empty_like(buf)
-                    peer = self.client_rank[theirs]
-                    requests += [self.comm.Irecv(received[mine], source=peer, tag=tag),
-                                 self.comm.Isend(buf, dest=peer, tag=tag)]
-                    self._count(name, sent=buf.nbytes, received=buf.nbytes)
+    def exchange(self, name, sources, items):
+        mine = lambda client: self.client_rank[client] == self.rank      # noqa: E731
+        out = deliver_in_memory({r: s for r, s in sources.items() if mine(s)}, items, mine)
+        requests, received, sending = [], {}, []
+        for receiver, source in sorted(sources.items()):          # tag = receiver: one message per delivery
+            if mine(receiver) and not mine(source):
+                received[receiver] = np.empty(items[receiver].size, dtype=np.float64)
+                requests.append(self.comm.Irecv(received[receiver], source=self.client_rank[source], tag=receiver))
+                self._count(name, received=received[receiver].nbytes)
+            elif mine(source) and not mine(receiver):
+                buf = np.ascontiguousarray(items[source], dtype=np.float64)
+                sending.append(buf)                              # alive until the sends complete
+                requests.append(self.comm.Isend(buf, dest=self.client_rank[receiver], tag=receiver))
+                self._count(name, sent=buf.nbytes)
         if requests:
             self._wait(_AllRequests(requests))
         return {**out, **received}

@@ -43,7 +43,7 @@ class StepTrainer:
     def __init__(self, target=None, shift=0.0, steps=2):
         self.target, self.shift, self.steps, self.terms = target, shift, steps, None
 
-    def train(self, model, client, round, terms=()):
+    def train(self, model, client, round, terms=(), epochs=None):
         self.terms = list(terms)
         with torch.no_grad():
             for p in model.parameters():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.config import job_from_dict
+from hpcfl.config import apply_overrides, job_from_dict
 from hpcfl.metrics import read_run
 from hpcfl.runtime.job import run, setup
 
@@ -20,16 +20,18 @@ PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature
 HETEROGENEOUS = {"local_only", "fedclassavg", "fedproto"}      # clients of two architectures side by side
 
 
-def _job(algorithm: str, root: str, name: str):
+def _job(algorithm: str, root: str, name: str, *overrides: str):
     everyone = algorithm == "ensemble"
-    return job_from_dict({
+    raw = {
         "run": {"study": "eq", "name": name, "rounds": 3, "results_root": root},
         "data": {"dataset": "digits", "num_clients": 6, "partition": "dirichlet", "partition_params": {"beta": 0.5},
                  "validation_fraction": 0.2, "local_test_ratio": 0.3},
-        "train": {"clients_per_round": 6 if everyone else 4, "batch_size": 16, "lr": 0.05, "momentum": 0.5},
+        "train": {"clients_per_round": 6 if everyone else 4, "batch_size": 16, "lr": 0.05, "momentum": 0.5,
+                  "local_epochs": 2 if algorithm == "fedcme" else 1},      # FedCME swaps after epoch 1
         "model": {"architectures": ["fmnist_cnn_narrow", "fmnist_cnn"] if algorithm in HETEROGENEOUS else []},
         "algorithm": {"name": algorithm, "params": PARAMS.get(algorithm, {})},
-        "eval": {"every": 2, "forgetting": algorithm == "fedka"}})
+        "eval": {"every": 2, "forgetting": algorithm == "fedka"}}
+    return job_from_dict(apply_overrides(raw, list(overrides)))
 
 
 def _execute(config, transport):

@@ -12,6 +12,8 @@ import socket
 import numpy as np
 import pytest
 
+from hpcfl.transport.base import pairs_to_sources
+
 pytestmark = pytest.mark.mpi
 
 N_CLIENTS = 7
@@ -212,10 +214,10 @@ def test_exchange(make_transport):
     client_rank, pairs, lengths = exchange_setup(comm.size)
     t = make_transport(client_rank)
     mine = {c: client_buf(c, lengths[c], salt=2) for c in hosted(client_rank, comm.rank)}
-    out = t.exchange("classifier", pairs, mine)
+    out = t.exchange("classifier", pairs_to_sources(pairs), mine)
     stats = t.take_stats()
     # a second exchange right after must not pick up the first one's messages
-    out2 = t.exchange("classifier", pairs, {c: -b for c, b in mine.items()})
+    out2 = t.exchange("classifier", pairs_to_sources(pairs), {c: -b for c, b in mine.items()})
 
     partner = {a: b for a, b in pairs} | {b: a for a, b in pairs}
     expected = {c: client_buf(partner[c], lengths[c], salt=2) for c in mine if c in partner}
@@ -229,6 +231,20 @@ def test_exchange(make_transport):
     assert stats.received["classifier"] == 8 * sum(lengths[c] for c in remote)
     if comm.size >= 3:
         assert remote or not mine                              # the cross-rank path is exercised
+
+
+def test_exchange_many_to_one(make_transport):
+    """One source feeding receivers on its own rank and on others (FedCME's many-to-one ablation)."""
+    comm = world()
+    client_rank, _, _ = exchange_setup(comm.size)
+    t = make_transport(client_rank)
+    sources = {0: 1, 3: 1, 6: 1, 1: 0, 7: 6}               # client 1 feeds 0, 3 and 6
+    mine = {c: client_buf(c, 5, salt=3) for c in hosted(client_rank, comm.rank)}
+    out = t.exchange("classifier", sources, mine)
+    expected = {r: client_buf(s, 5, salt=3) for r, s in sources.items() if client_rank[r] == comm.rank}
+    assert sorted(out) == sorted(expected)
+    for r, buf in expected.items():
+        assert np.array_equal(out[r], buf), r
 
 
 def test_share(make_transport):

@@ -1,0 +1,56 @@
+"""FedCME's classifier swap across ranks, and FedCME runs that must not deadlock: an odd cohort, and a
+worker that hosts no sampled client. Under a real launcher:
+
+    mpirun -np 3 python -m pytest --with-mpi -m mpi tests/runtime/test_swap.py
+"""
+import numpy as np
+import pytest
+import torch
+
+from algorithms.helpers import client, make
+from algorithms.test_fedcme import Two
+from hpcfl.algorithms.fedcme import OWN
+from hpcfl.runtime.worker import Worker
+from runtime.test_equivalence import _execute, _job, _metrics
+
+pytestmark = pytest.mark.mpi
+
+
+def test_partners_on_different_ranks_swap_exactly_their_classifiers():
+    from mpi4py import MPI
+
+    from hpcfl.transport.mpi import MpiTransport
+
+    comm = MPI.COMM_WORLD
+    workers = list(range(1, comm.size)) or [0]
+    client_rank = {c: workers[c % len(workers)] for c in range(6)}      # pairs (0, 1), (2, 5): across ranks
+    algo = make("fedcme", Two(), num_clients=6, train={"clients_per_round": 6, "local_epochs": 2})
+    algo.sources = {0: 1, 1: 0, 2: 5, 5: 2, 3: 4, 4: 3}
+    mine = {c: client(c) for c, r in client_rank.items() if r == comm.rank}
+    for c, me in mine.items():
+        me.state = {OWN + n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}
+    worker = Worker(algo, mine, {"": Two()}, None, "cpu", 2, 10)
+    worker.exchange(algo.plan(0)[1], 0, list(range(6)), {}, MpiTransport(client_rank, comm))
+    for c, me in mine.items():
+        assert torch.equal(me.state[OWN + "classifier.bias"], torch.full((2,), float(algo.sources[c])))
+        assert torch.equal(me.state[OWN + "body.bias"], torch.full((2,), float(c)))
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("per_round", [3, 1])       # an odd cohort; a cohort of one leaves a worker idle
+def test_fedcme_with_odd_cohorts_matches_one_process(per_round, tmp_path):
+    from mpi4py import MPI
+
+    from hpcfl.transport import LocalTransport
+    from hpcfl.transport.mpi import MpiTransport
+
+    comm = MPI.COMM_WORLD
+    root = comm.bcast(str(tmp_path), root=0)
+    cohort = [f"train.clients_per_round={per_round}"]
+    _execute(_job("fedcme", root, "ranks", *cohort), MpiTransport({}, comm))
+    if comm.Get_rank() == 0:
+        _execute(_job("fedcme", root, "one", *cohort), LocalTransport({}))
+        one, ranks = _metrics(tmp_path / "eq" / "one.h5"), _metrics(tmp_path / "eq" / "ranks.h5")
+        for key in one:
+            np.testing.assert_allclose(one[key], ranks[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
+    comm.Barrier()
