@@ -2,7 +2,7 @@
 FedAvg vs FedKA over seeds. Prints each method's final test accuracy and FedKA Table 2's speed-up
 measure: the first round at which the global model reaches FedAvg's final accuracy on the same seed.
 
-    python bench/fedka_study.py [--seeds 0 1 2] [--parallel 2] [--root results]
+    python bench/fedka_study.py [--seeds 0 1 2] [--parallel 2] [--root results] [--beta 0.1]
 """
 import argparse
 from pathlib import Path
@@ -11,7 +11,8 @@ import numpy as np
 from runs import launch, run_all
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "fedka" / "fmnist-cpu.toml"
-METHODS = {"FedAvg": ['algorithm.name="fedavg"', "algorithm.params={}"], "FedKA": []}
+METHODS = {"FedAvg": lambda beta: ['algorithm.name="fedavg"', "algorithm.params={}"],
+           "FedKA": lambda beta: [f"algorithm.params.weight={beta}"]}
 
 
 def rounds_to_reach(acc: np.ndarray, target: float) -> str:
@@ -24,10 +25,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--root", type=Path, default=Path("results"))
+    parser.add_argument("--beta", type=float, default=0.1, help="FedKA's beta (the paper tunes it in {0.5, 0.1, "
+                        "0.01, 0.001})")
     args = parser.parse_args()
     jobs = [(label, seed) for label in METHODS for seed in args.seeds]
-    results = run_all(jobs, lambda label, seed: launch(JOB, args.root, f"{label}-seed{seed}", f"run.seed={seed}",
-                                                        *METHODS[label]), args.parallel)
+    def one(label, seed):
+        name = f"{label}{'' if label == 'FedAvg' or args.beta == 0.1 else f'-beta{args.beta:g}'}-seed{seed}"
+        return launch(JOB, args.root, name, f"run.seed={seed}", *METHODS[label](args.beta))
+
+    results = run_all(jobs, one, args.parallel)
     print("| method | final test accuracy (mean ± std over seeds) | per seed | rounds to reach FedAvg's final "
           "accuracy, per seed |")
     print("|---|---|---|---|")
