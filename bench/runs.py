@@ -21,7 +21,9 @@ def launch(job: Path, root: Path, name: str, *overrides: str, ranks: int = 0) ->
         path.unlink()                 # an interrupted earlier run: redo it
     if not path.exists():
         cmd = [sys.executable, "-m", "hpcfl.launch", str(job), "--results-root", str(root), *args]
-        subprocess.run([MPIRUN, "-np", str(ranks), *cmd] if ranks else cmd, check=True, capture_output=True)
+        done = subprocess.run([MPIRUN, "-np", str(ranks), *cmd] if ranks else cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"run {name} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return read_run(path).arrays
 
 

@@ -1,0 +1,46 @@
+"""Local loss terms: small pieces added to a client's task loss, composable by configuration.
+
+A job names them in `[algorithm] regularizers = ["prox", "moon"]` (parameters in
+`[algorithm.regularizers.<name>]`), and any algorithm trains with them, so FedProx is FedAvg plus
+`prox` and FedFM's feature matching can be added to MOON or FedNova by configuration.
+
+A term sees what the client received this round (`start`: the reference model under "model", and
+payloads such as FedFM's global anchors under "anchors"), may rescale the logits
+before the task loss (`logits`), adds to the loss each batch (`loss`), and may keep per-client state
+that lives with the client on its worker, off the GPU between rounds (`finish`, keys `<name>.*`).
+
+The terms, by family: hpcfl.regularizers.weights (`prox`), .contrastive (`moon`, `supcon`),
+.logits (`fedrs`, `ntd`, `ka`), .matching (`fm_cg`, `fm_l2`); each module cites its papers.
+"""
+from typing import Mapping
+
+from hpcfl.config import params_from
+from hpcfl.errors import ConfigError
+from hpcfl.regularizers.base import Frozen, Regularizer, Tensors
+from hpcfl.regularizers.contrastive import Moon, SupCon
+from hpcfl.regularizers.logits import KnowledgeAnchor, NotTrueDistillation, RestrictedSoftmax, class_categories
+from hpcfl.regularizers.matching import ContrastiveGuiding, FeatureMatching, L2Matching
+from hpcfl.regularizers.weights import Linear, Prox
+
+__all__ = ["Frozen", "Regularizer", "Tensors", "Moon", "SupCon", "KnowledgeAnchor", "NotTrueDistillation",
+           "RestrictedSoftmax", "class_categories", "ContrastiveGuiding", "FeatureMatching", "L2Matching", "Linear",
+           "Prox", "REGULARIZERS", "regularizer_params", "build_regularizers"]
+
+
+REGULARIZERS: dict[str, type[Regularizer]] = {
+    cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching,
+                              SupCon, KnowledgeAnchor)}
+
+
+def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:
+    """The named term's Params from its config table, naming bad keys."""
+    if name not in REGULARIZERS:
+        raise ConfigError(f"algorithm.regularizers: '{name}' is unknown; valid: {sorted(REGULARIZERS)}")
+    return params_from(REGULARIZERS[name].Params, raw, f"algorithm.regularizers.{name}")
+
+
+def build_regularizers(tables: Mapping[str, Mapping], seed: int = 0) -> list[Regularizer]:
+    terms = [REGULARIZERS[name](regularizer_params(name, raw)) for name, raw in tables.items()]
+    for term in terms:
+        term.seed = seed
+    return terms

@@ -1,0 +1,54 @@
+"""What every local loss term is: the hooks the trainer calls, and a frozen model copy for terms that
+compare the local model with a reference one."""
+import copy
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+import torch
+from torch import nn
+
+from hpcfl.models import load_state
+
+Tensors = dict[str, torch.Tensor]
+
+
+class Regularizer:
+    name: ClassVar[str]
+
+    @dataclass(frozen=True)
+    class Params:
+        pass
+
+    def __init__(self, params):
+        self.params = params
+
+    needs_anchors: ClassVar[bool] = False
+    needs_shared: ClassVar[bool] = False   # the run's shared set S (one sample per class) as client.shared
+    seed: int = 0                          # the run's seed, for terms that draw per (round, client)
+    views: ClassVar[int] = 1       # 2: the trainer makes two augmented views of each batch (SupCon), and
+                                   # `loss` gets their features as N x 2 x d (view 1 is what the task loss sees)
+
+    def start(self, model: nn.Module, client, round: int, received: Mapping[str, Tensors]) -> None:
+        """Before local training; received["model"] is the model state the client started from."""
+
+    def logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def loss(self, model: nn.Module, x, y, features, logits) -> torch.Tensor | None:
+        return None
+
+    def finish(self, model: nn.Module, client) -> None:
+        """After local training: update the client's state."""
+
+
+class Frozen:
+    """A copy of the model, made once per worker and reused, that holds a reference state and runs
+    without gradients in eval mode (no dropout; BatchNorm uses its running statistics)."""
+
+    def __init__(self):
+        self.net: nn.Module | None = None
+
+    def load(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+        if self.net is None:
+            self.net = copy.deepcopy(model).requires_grad_(False).eval()
+        load_state(self.net, state)

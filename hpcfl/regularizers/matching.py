@@ -1,0 +1,57 @@
+"""FedFM's feature matching against global class anchors.
+
+- `fm_cg`  FedFM, Ye et al., "FedFM: Anchor-based Feature Matching for Data Heterogeneity in
+           Federated Learning", IEEE TSP 2023, section IV-C: weight * CE(softmax(<a_n, z> / tau), c)
+           over the C global anchors a_n, with z = features(x) and the anchors L2-normalised (the
+           authors' code), from round `start_round` (T_s) on. `fm_l2`: eq. (3), weight * ||z - a_c||^2
+           with z and a_c normalised (section V-A), averaged over batch and dimensions as in the
+           authors' `matching_l2`; both terms default to the paper's lambda = 50.
+           Both need global anchors: the algorithm adds FedFM's anchor phase (hpcfl.anchors) to its rounds.
+"""
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from hpcfl.regularizers.base import Regularizer
+
+
+class FeatureMatching(Regularizer):
+    """Pulls each sample's features towards its class's global anchor (FedFM); off before `start_round`."""
+
+    needs_anchors = True
+
+    @dataclass(frozen=True)
+    class Params:
+        weight: float = 50.0             # lambda
+        tau: float = 0.1                 # contrastive guiding's temperature (alpha in section IV-C)
+        start_round: int = 20            # T_s: plain training before it
+        anchor_weighting: str = "samples"   # samples (eq. 9) | uniform (Table VI)
+
+        def __post_init__(self):
+            if self.anchor_weighting not in ("samples", "uniform"):
+                raise ValueError(f"anchor_weighting = {self.anchor_weighting!r}; choose 'samples' or 'uniform'")
+
+    def start(self, model, client, round, received):
+        self.active = round >= self.params.start_round
+        if self.active:
+            self.anchors = received["anchors"]["anchors"]
+
+    def loss(self, model, x, y, features, logits):
+        return self.params.weight * self.match(features, y) if self.active else None
+
+
+class ContrastiveGuiding(FeatureMatching):
+    name = "fm_cg"
+
+    def match(self, features, y):
+        similarity = F.normalize(features, dim=1) @ F.normalize(self.anchors, dim=1).T
+        return F.cross_entropy(similarity / self.params.tau, y)
+
+
+class L2Matching(FeatureMatching):
+    """Squared distance between normalised feature and anchor, averaged over samples and dimensions
+    (section V-A normalises features before either loss; the authors' `matching_l2` takes the MSE)."""
+    name = "fm_l2"
+
+    def match(self, features, y):
+        return F.mse_loss(F.normalize(features, dim=1), F.normalize(self.anchors, dim=1)[y])
