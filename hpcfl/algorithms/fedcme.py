@@ -1,6 +1,6 @@
-"""FedCME — "FedCME: Client Matching and Classifier Exchanging to Handle Data Heterogeneity in
-Federated Learning", section IV, Algorithms 1-2, eq. (4)-(10). No released code: the paper is the
-specification, and the choices it leaves open are marked "ours" below.
+"""FedCME — Nie, Xiao, Yang & Wu, "FedCME: Client Matching and Classifier Exchanging to Handle Data
+Heterogeneity in Federated Learning", section IV, Algorithms 1-2, eq. (4)-(10). No released code: the
+paper is the specification, and the choices it leaves open are marked "ours" below.
 
 A round is three phases. `first`: the server matches the cohort (MakeMatching, Algorithm 1: vectors
 sorted by cosine similarity to their mean, ascending; each in turn pairs with the remaining client
