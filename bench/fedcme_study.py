@@ -4,11 +4,10 @@ and FedCME over seeds, and the wall time the classifier swap takes per round.
 
     python bench/fedcme_study.py [--seeds 0 1 2] [--parallel 2] [--root results]
 """
-import argparse
 from pathlib import Path
 
 import numpy as np
-from runs import launch, run_all
+from runs import launch, run_all, study_parser
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "fedcme" / "fmnist-cpu.toml"
 METHODS = {"FedAvg": ['algorithm.name="fedavg"', "algorithm.params={}"],
@@ -19,10 +18,7 @@ METHODS = {"FedAvg": ['algorithm.name="fedavg"', "algorithm.params={}"],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--root", type=Path, default=Path("results"))
+    parser = study_parser(__doc__)
     args = parser.parse_args()
     jobs = [(label, seed) for label in METHODS for seed in args.seeds]
     results = run_all(jobs, lambda label, seed: launch(JOB, args.root, f"{label}-seed{seed}", f"run.seed={seed}",

@@ -5,11 +5,10 @@ each sent. Runs `--parallel` one-process jobs at a time (one CPU core each) and 
 
     python bench/fedfm_study.py [--seeds 0 1 2] [--parallel 2] [--root results] [--weight 50]
 """
-import argparse
 from pathlib import Path
 
 import numpy as np
-from runs import launch, run_all
+from runs import launch, run_all, study_parser
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "fedfm" / "fmnist-cpu.toml"
 METHODS = {                                   # label -> overrides of the job file, given lambda
@@ -31,10 +30,7 @@ def run(root: Path, label: str, seed: int, weight: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--root", type=Path, default=Path("results"))
+    parser = study_parser(__doc__)
     parser.add_argument("--weight", type=float, default=50.0, help="lambda of every FedFM variant (paper: 50)")
     args = parser.parse_args()
     jobs = [(label, seed) for label in METHODS for seed in args.seeds]

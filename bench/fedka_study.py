@@ -4,11 +4,10 @@ measure: the first round at which the global model reaches FedAvg's final accura
 
     python bench/fedka_study.py [--seeds 0 1 2] [--parallel 2] [--root results] [--beta 0.1]
 """
-import argparse
 from pathlib import Path
 
 import numpy as np
-from runs import launch, run_all
+from runs import launch, run_all, study_parser
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "fedka" / "fmnist-cpu.toml"
 METHODS = {"FedAvg": lambda beta: ['algorithm.name="fedavg"', "algorithm.params={}"],
@@ -21,10 +20,7 @@ def rounds_to_reach(acc: np.ndarray, target: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--root", type=Path, default=Path("results"))
+    parser = study_parser(__doc__)
     parser.add_argument("--beta", type=float, default=0.1, help="FedKA's beta (the paper tunes it in {0.5, 0.1, "
                         "0.01, 0.001})")
     args = parser.parse_args()
