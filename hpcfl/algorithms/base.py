@@ -253,9 +253,9 @@ class Algorithm:
         return metrics
 
 
-def weighted_model_layout(setup: Setup) -> Layout:
-    """The model's tensors plus the scalar WEIGHT: the uplink of every weighted average."""
-    return setup.model_layout + Layout((WEIGHT,), ((),))
+def weighted(layout: Layout) -> Layout:
+    """`layout` plus the scalar WEIGHT: the uplink of every weighted average."""
+    return layout + Layout((WEIGHT,), ((),))
 
 
 def weighted_mean(sums: Mapping[str, torch.Tensor]) -> Tensors | None:

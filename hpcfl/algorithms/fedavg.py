@@ -29,8 +29,7 @@ from typing import ClassVar
 
 import torch
 
-from hpcfl.algorithms.base import (ONE, WEIGHT, Algorithm, Phase, assign, weighted_mean,
-                                   weighted_model_layout)
+from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, assign, weighted, weighted_mean
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox,
                                  Regularizer, RestrictedSoftmax)
@@ -44,7 +43,8 @@ class FedAvg(Algorithm):
         super().__init__(params, setup)
         if self.term:
             self.regularizers.insert(0, self.term(params))
-        self.phase = Phase("train", downlink={"model": setup.model_layout}, uplink={"model": weighted_model_layout(setup)})
+        self.phase = Phase("train", downlink={"model": setup.model_layout},
+                           uplink={"model": weighted(setup.model_layout)})
 
     @classmethod
     def check(cls, job):

@@ -18,10 +18,9 @@ local warm-up epoch the authors' script runs. Adam with betas (0.5, 0.999) as in
 """
 from dataclasses import dataclass
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted_mean
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted, weighted_mean
 from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
-from hpcfl.payload import Layout
 from hpcfl.regularizers import Prox, SupCon
 
 SHARED = "shared"
@@ -48,7 +47,7 @@ class FedClassAvg(Personal):
                                  Prox(Prox.Params(params.rho, scope="classifier", reduction="mean"))]
         self.shared = setup.model_layout.select(lambda n: params.share == "all" or n.startswith("classifier."))
         self.phase = Phase("train", downlink={SHARED: self.shared},
-                           uplink={SHARED: self.shared + Layout((WEIGHT,), ((),))})
+                           uplink={SHARED: weighted(self.shared)})
 
     @classmethod
     def check(cls, job):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted_model_layout
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.anchors import anchor_layouts, initial_anchors, uniform_contribution, update_anchors
 from hpcfl.errors import ConfigError
@@ -78,9 +78,6 @@ class FeatureAlignment(Regularizer):
     per-class feature sums of training (eq. 5), kept in the client's state across the swap."""
     name = "fa"
 
-    def __init__(self, mu: float):
-        super().__init__(mu)
-
     def start(self, model, client, round, received):
         self.target, self.known = received[FEATURES]["anchors"], received[FEATURES]["known"] > 0
         shape = self.target.shape
@@ -93,10 +90,10 @@ class FeatureAlignment(Regularizer):
         self.sums += class_sums.detach().double()
         self.counts += n.double()
         aligned = (n > 0) & self.known
-        if self.params == 0 or not aligned.any():
+        if self.params.mu == 0 or not aligned.any():
             return None
         means = class_sums[aligned] / n[aligned, None]
-        return self.params * ((means - self.target[aligned]) ** 2).sum()
+        return self.params.mu * ((means - self.target[aligned]) ** 2).sum()
 
     def finish(self, model, client):
         client.state["fa.sums"], client.state["fa.counts"] = self.sums, self.counts
@@ -130,11 +127,11 @@ class FedCME(FedAvg):
         super().__init__(params, setup)
         job, k, c = setup.job, setup.num_clients, setup.num_classes
         self.cohorts = cohort_schedule(job.run.seed, job.run.rounds, k, job.train.clients_per_round)
-        self.alignment = FeatureAlignment(params.mu)
+        self.alignment = FeatureAlignment(params)
         self.half = job.train.local_epochs // 2
         down, up = anchor_layouts(c, setup.feature_dim)
         evaluation = Layout(("vectors", "evaluated"), ((k, c), (k,)))
-        uplink = {"model": weighted_model_layout(setup), FEATURES: up, EVALUATION: evaluation}
+        uplink = {"model": weighted(setup.model_layout), FEATURES: up, EVALUATION: evaluation}
         if params.exchange == "none":
             self.rounds = [Phase("train", downlink={"model": setup.model_layout, FEATURES: down}, uplink=uplink)]
         else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted_model_layout
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.anchors import ANCHORS, anchor_layouts, update_anchors
 from hpcfl.regularizers import ContrastiveGuiding
@@ -45,7 +45,7 @@ class FedFMLite(FedAvg):
         anchors = round >= self.params.start_round - 1
         down = {**({"model": self.setup.model_layout} if round % every == 0 else {}),
                 **({ANCHORS: self.anchor_down} if anchors else {})}
-        up = {**({"model": weighted_model_layout(self.setup)} if (round + 1) % every == 0 or round == last else {}),
+        up = {**({"model": weighted(self.setup.model_layout)} if (round + 1) % every == 0 or round == last else {}),
               **({ANCHORS: self.anchor_up} if anchors else {})}
         return [Phase("train", downlink=down, uplink=up)]
 

@@ -9,7 +9,7 @@ counter <- rho * counter + 1, a <- a + counter (rho > 0), then a <- (1 - lr mu) 
 a <- a + 1 when both are 0. The proximal mu is the `prox` regularizer's, when one is configured.
 Buffers (BatchNorm statistics) take the sample-weighted mean.
 """
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted_model_layout
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.payload import Layout
 from hpcfl.regularizers import Prox
@@ -39,7 +39,7 @@ class FedNova(FedAvg):
     def __init__(self, params, setup):
         super().__init__(params, setup)
         self.phase = Phase("train", downlink={"model": setup.model_layout},
-                           uplink={"model": weighted_model_layout(setup) + Layout((STEPS,), ((),))})
+                           uplink={"model": weighted(setup.model_layout) + Layout((STEPS,), ((),))})
         mu = sum(term.params.mu for term in self.regularizers if isinstance(term, Prox))
         self.lr_mu = setup.job.train.lr * mu
 

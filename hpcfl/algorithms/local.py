@@ -13,7 +13,7 @@
 import torch
 import torch.nn.functional as F
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted_mean
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted, weighted_mean
 from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
@@ -54,7 +54,7 @@ class Ensemble(LocalOnly):
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
-        probs = Layout((PROBS, WEIGHT), ((setup.test_size, setup.num_classes), ()))
+        probs = weighted(Layout((PROBS,), ((setup.test_size, setup.num_classes),)))
         self.plans = [Phase("train")], [Phase("train", uplink={PROBS: probs})]
 
     def plan(self, round):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted_model_layout
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.regularizers import Linear
 
@@ -35,7 +35,7 @@ class Scaffold(FedAvg):
         super().__init__(params, setup)
         control = setup.parameter_layout
         self.phase = Phase("train", downlink={"model": setup.model_layout, "control": control},
-                           uplink={"model": weighted_model_layout(setup), "control": control})
+                           uplink={"model": weighted(setup.model_layout), "control": control})
         self.correction = Linear()
 
     def init_server_state(self, model):

@@ -100,10 +100,13 @@ class KnowledgeAnchor(Regularizer):
         super().__init__(params)
         self.global_model = Frozen()
 
-    def anchor(self, client, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This round's knowledge anchor T_i (eq. 2), down-sampled to `size`: (x, y)."""
+    def categories(self, client) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         counts = client.class_counts
-        dominant, non_dominant, missing = class_categories(counts, self.params.gamma or 1.0 / len(counts))
+        return class_categories(counts, self.params.gamma or 1.0 / len(counts))
+
+    def anchor(self, client, round: int, categories=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """This round's knowledge anchor T_i (eq. 2), down-sampled to `size`: (x, y)."""
+        _, non_dominant, missing = categories or self.categories(client)
         generator = torch_generator(self.seed, "ka", round, client.id)
         xs, ys = [], []
         if self.params.classes != "non_dominant":
@@ -124,9 +127,9 @@ class KnowledgeAnchor(Regularizer):
         return x, y
 
     def start(self, model, client, round, received):
-        self.x, _ = self.anchor(client, round)
-        dominant, _, _ = class_categories(client.class_counts, self.params.gamma or 1.0 / len(client.class_counts))
-        self.kept = ~dominant.to(client.y.device)
+        categories = self.categories(client)
+        self.x, _ = self.anchor(client, round, categories)
+        self.kept = ~categories[0].to(client.y.device)
         if len(self.x):
             self.global_model.load(model, received["model"])
             with torch.no_grad():

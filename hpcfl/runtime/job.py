@@ -238,12 +238,21 @@ def _evaluate(job: Job, round: int) -> dict:
 FORGETTING_XI = 1e-3            # xi of FedKA eq. (1), which keeps a class the global model never gets finite
 
 
+def _split_report(job: Job, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reduced report as (client x CLIENT_METRICS, client x class accuracies (eval.forgetting;
+    zero columns otherwise), rank x RANK_METRICS)."""
+    n = job.config.data.num_clients
+    width = len(CLIENT_METRICS) + (job.num_classes if job.config.eval.forgetting else 0)
+    clients = flat[:n * width].reshape(n, width)
+    ranks = flat[n * width:].reshape(job.transport.size, len(RANK_METRICS))
+    return clients[:, :len(CLIENT_METRICS)], clients[:, len(CLIENT_METRICS):], ranks
+
+
 def _forgetting(job: Job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) -> dict:
     """FedKA eq. (1) per sampled client and class: (acc_global - acc_local) / (acc_global + xi), with
     acc_global the class accuracy of the model the round started from."""
-    n, width = job.config.data.num_clients, len(CLIENT_METRICS) + job.num_classes
-    local = np.full((n, job.num_classes), np.nan)
-    local[cohort] = flat[:n * width].reshape(n, width)[cohort, len(CLIENT_METRICS):]
+    local = np.full((job.config.data.num_clients, job.num_classes), np.nan)
+    local[cohort] = _split_report(job, flat)[1][cohort]
     return {"class/start_acc": start_acc, "client_class/test_acc": local,
             "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
 
@@ -269,9 +278,7 @@ def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
 
 def _record(job, round, cohort, flat, evaluation, phase_s, moved, round_s, log) -> None:
     cfg, n = job.config, job.config.data.num_clients
-    width = len(CLIENT_METRICS) + (job.num_classes if cfg.eval.forgetting else 0)
-    rows = flat[:n * width].reshape(n, width)[:, :len(CLIENT_METRICS)]
-    ranks = flat[n * width:].reshape(job.transport.size, len(RANK_METRICS))
+    rows, _, ranks = _split_report(job, flat)
     sampled = np.zeros(n, dtype=bool)
     sampled[cohort] = True
     values = {}

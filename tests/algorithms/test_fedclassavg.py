@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from algorithms.helpers import StepTrainer, client, make, sums
-from hpcfl.algorithms.base import ONE, WEIGHT
+from hpcfl.algorithms.base import WEIGHT
 from hpcfl.anchors import ANCHORS
 from hpcfl.config import job_from_dict
 from hpcfl.errors import ConfigError

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from algorithms.helpers import client, make
-from hpcfl.algorithms.fedcme import FEATURES, OWN, FeatureAlignment, make_matching, many_to_one
+from hpcfl.algorithms.fedcme import FEATURES, OWN, FedCME, FeatureAlignment, make_matching, many_to_one
 from hpcfl.runtime.worker import Worker
 from hpcfl.transport import LocalTransport
 
@@ -38,7 +38,7 @@ def test_many_to_one_lets_one_client_feed_several():
 
 
 def test_feature_alignment_matches_equation_9_and_accumulates_features():
-    term = FeatureAlignment(0.5)
+    term = FeatureAlignment(FedCME.Params(mu=0.5))
     targets = torch.tensor([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
     me = client(0, samples=3)
     term.start(None, me, 0, {FEATURES: {"anchors": targets, "known": torch.tensor([1.0, 1.0, 0.0])}})
