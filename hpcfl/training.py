@@ -26,11 +26,12 @@ class LocalTrainer:
 
     def batches(self, n: int, round: int, client: int, device, epochs: range | None = None) -> list[torch.Tensor]:
         """Index batches for the local epochs `epochs` (default: all), drawn from the (seed, round,
-        client) generator, so a round trained in two parts sees the batches of one in one go."""
+        client) generator, so a round trained in two parts sees the batches of one in one go; epochs
+        past the local ones continue the draws (FedMA's retraining)."""
         gen = torch_generator(self.seed, "batches", round, client)
         size = self.cfg.batch_size
         out = []
-        for epoch in range(self.cfg.local_epochs):
+        for epoch in range(self.cfg.local_epochs if epochs is None else max(self.cfg.local_epochs, epochs.stop)):
             order = torch.randperm(n, generator=gen)
             if epochs is None or epoch in epochs:
                 out += list(order.to(device).split(size))

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from hpcfl.config import JobConfig, apply_overrides, job_from_dict, load_job, parse_override
@@ -65,3 +67,10 @@ def test_unreadable_job_files(tmp_path):
 def test_frozen():
     with pytest.raises(Exception):
         JobConfig().run.seed = 3
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "jobs").rglob("*.toml")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_job_file_is_valid(path):
+    config = load_job(path)
+    assert config.run.rounds >= 1 and config.data.num_clients >= config.train.clients_per_round

@@ -6,6 +6,7 @@ from hpcfl.algorithms.fedclassavg import FedClassAvg
 from hpcfl.algorithms.fedcme import FedCME
 from hpcfl.algorithms.feddyn import FedDyn
 from hpcfl.algorithms.fedfm_lite import FedFMLite
+from hpcfl.algorithms.fedma import FedMA
 from hpcfl.algorithms.fednova import FedNova
 from hpcfl.algorithms.fedproto import FedProto
 from hpcfl.algorithms.local import Ensemble, LocalOnly
@@ -14,7 +15,7 @@ from hpcfl.config import params_from
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
     FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble, FedFM, FedFMLite,
-    FedClassAvg, FedProto, FedKA, FedCME)}
+    FedClassAvg, FedProto, FedKA, FedCME, FedMA)}
 
 
 def algorithm_params(name: str, raw: dict) -> Algorithm.Params:

@@ -10,6 +10,11 @@ An algorithm is one class holding both halves of a federated method:
   algorithm's own local terms; per-client state (`Client.state`) stays on the client's worker and
   on the CPU between rounds.
 
+A phase may instead be a swap phase (`exchange`: tensors go client to client through the
+`exchange_*` hooks, FedCME) or a matching phase (`gather`: it opens with every sampled client's
+`gather_out` tensor going to the server, whose `match` answers with one tensor for all and one per
+client, of any size; FedMA's layer-wise matching).
+
 The runtime calls `phases`, `make_downlink`, `aggregate_uplink`, `receive` and `update_client`,
 which add FedFM's anchor phase (hpcfl.anchors) to any algorithm whose job has a feature-matching
 term, and otherwise hand over to the hooks above.
@@ -40,6 +45,7 @@ Tensors = dict[str, torch.Tensor]
 Contribution = tuple[Mapping[str, torch.Tensor], float]
 ONE = torch.ones(())          # the scalar whose weighted sum is the normaliser...
 WEIGHT = "#weight"            # ...under a name no torch module can give a parameter
+MATCHED = "#matched"          # a matching phase's answer: {"global": one tensor for all, "reply": the client's own}
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class Phase:
     downlink: Mapping[str, Layout] = field(default_factory=dict)   # broadcast payloads
     uplink: Mapping[str, Layout] = field(default_factory=dict)     # sum-reduced payloads
     exchange: Layout | None = None      # a swap phase: these tensors go client to client (exchange_* hooks)
+    gather: bool = False                # a matching phase: it opens with gather_out -> match -> downlink[MATCHED]
 
 
 @dataclass
@@ -82,6 +89,7 @@ class Setup:
     norm_names: tuple[str, ...] = ()      # state_dict entries of BatchNorm layers (weights and statistics)
     test_size: int = 0                    # samples in the global test set
     feature_dim: int = 0                  # width of features(x)
+    template: nn.Module | None = field(default=None, compare=False, repr=False)   # the model, freshly initialised
 
     @classmethod
     def of(cls, job: JobConfig, model: nn.Module, class_counts: np.ndarray, test_size: int = 0) -> "Setup":
@@ -90,7 +98,7 @@ class Setup:
                       for t, _ in module.state_dict().items())
         return cls(job, Layout.of(model.state_dict()), class_counts.shape[0], class_counts.shape[1], class_counts,
                    tuple(n for n, _ in model.named_parameters()), norms, test_size,
-                   getattr(getattr(model, "classifier", None), "in_features", 0))
+                   getattr(getattr(model, "classifier", None), "in_features", 0), model)
 
     @property
     def parameter_layout(self) -> Layout:
@@ -175,6 +183,16 @@ class Algorithm:
             return {ANCHORS: (self.local_anchors(model, client, downlink), 1.0)}, {}
         return self.client_update(phase, round, client, {**self.carried, **downlink}, model, trainer)
 
+    def gather_out(self, phase: Phase, round: int, client: Client) -> torch.Tensor:
+        """In a matching phase, before the downlink: the tensor this client sends the server."""
+        raise NotImplementedError
+
+    def match(self, phase: Phase, round: int, server_state: Tensors,
+              gathered: dict[int, torch.Tensor]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Server side of a matching phase: from every sampled client's tensor, one tensor broadcast to
+        all and one sent to each client; they reach `client_update` as downlink[MATCHED]."""
+        raise NotImplementedError
+
     def exchange_sources(self, round: int) -> dict[int, int]:
         """In a swap phase, on every rank: receiver client -> the client whose tensors it gets."""
         return {}
@@ -216,12 +234,25 @@ class Algorithm:
         """The global model's state_dict."""
         return {k[len("model."):]: v for k, v in server_state.items() if k.startswith("model.")}
 
+    def global_module(self, server_state: Tensors, model: nn.Module) -> nn.Module:
+        """The global model as a module (`model` loaded with it, unless its shape changes, as FedMA's)."""
+        load_state(model, self.global_state(server_state))
+        return model
+
     def evaluate(self, server_state: Tensors, model: nn.Module, x, y, batch_size: int) -> dict | None:
         """The server's model on the global test set (None for an algorithm without one)."""
-        load_state(model, self.global_state(server_state))
-        return evaluate(model, x, y, self.setup.num_classes, batch_size)
+        return evaluate(self.global_module(server_state, model), x, y, self.setup.num_classes, batch_size)
+
+    def server_metrics(self, server_state: Tensors) -> dict[str, float]:
+        """Extra per-round figures of the server's state, recorded as round/<key>."""
+        return {}
 
     # -- client side (the worker hosting the client) ---------------------------------------------
+    def client_model(self, client: Client, model: nn.Module) -> nn.Module:
+        """The module the client trains this phase: the worker's shared instance of its architecture
+        (FedMA: a copy it may resize)."""
+        return model
+
     def init_client_state(self, client: Client, initial_model: nn.Module) -> Tensors:
         """The client's state before round 0; `initial_model` is the freshly initialised model."""
         return {}

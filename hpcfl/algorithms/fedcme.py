@@ -170,8 +170,6 @@ class FedCME(FedAvg):
         return payloads
 
     def aggregate(self, phase, round, server_state, uplink):
-        if "model" not in uplink:
-            return
         super().aggregate(phase, round, server_state, uplink)
         update_anchors(self.features_state(server_state), uplink[FEATURES])
         evaluated = uplink[EVALUATION]["evaluated"] > 0

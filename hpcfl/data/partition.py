@@ -248,6 +248,23 @@ def quantity_skew(labels: np.ndarray, num_clients: int, rng: np.random.Generator
     return np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])
 
 
+def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_samples: int, owners: np.ndarray,
+            *, min_owner_samples: int = 0) -> list[np.ndarray]:
+    """Each client is one of the data's natural owners (a LEAF Shakespeare speaking role), drawn at
+    random among those holding >= max(min_owner_samples, min_samples) samples (FedMA: roles with at
+    least 10k samples, J = 66 of them)."""
+    _require("min_owner_samples", min_owner_samples, isinstance(min_owner_samples, int) and min_owner_samples >= 0,
+             "must be an integer >= 0")
+    ids, sizes = np.unique(owners, return_counts=True)
+    eligible = ids[sizes >= max(min_owner_samples, min_samples)]
+    if len(eligible) < num_clients:
+        raise DataError(f"partition 'natural' needs {num_clients} owners with >= {max(min_owner_samples, min_samples)} "
+                        f"samples but the data has {len(eligible)}; fix: use fewer clients or a lower "
+                        "data.partition_params.min_owner_samples")
+    chosen = np.sort(rng.choice(eligible, num_clients, replace=False))
+    return [np.flatnonzero(owners == owner) for owner in chosen]
+
+
 SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
     "dirichlet": dirichlet,
@@ -256,6 +273,7 @@ SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
     "dominant": dominant,
     "missing": missing,
     "quantity_skew": quantity_skew,
+    "natural": natural,
 }
 
 
@@ -281,10 +299,16 @@ def check_params(scheme: str, params: dict) -> dict:
 
 
 def partition(labels: np.ndarray, num_clients: int, scheme: str, params: dict, seed: int,
-              min_samples: int = 10) -> list[np.ndarray]:
-    """Per client, a sorted int64 array of training-sample indices; every client holds >= min_samples."""
+              min_samples: int = 10, owners: np.ndarray | None = None) -> list[np.ndarray]:
+    """Per client, a sorted int64 array of training-sample indices; every client holds >= min_samples.
+    `owners`: each sample's natural owner, for the 'natural' scheme."""
     kwargs = check_params(scheme, params)
     fn = SCHEMES[scheme]
+    if "owners" in inspect.signature(fn).parameters:
+        if owners is None:
+            raise ConfigError(f"data.partition = {scheme!r} needs a data set whose samples have owners "
+                              "(shakespeare: its speaking roles); pick another partition")
+        kwargs["owners"] = np.asarray(owners)
     labels = np.asarray(labels)
     if num_clients < 1:
         raise ConfigError(f"num_clients = {num_clients}: must be >= 1")

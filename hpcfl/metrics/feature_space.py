@@ -1,5 +1,5 @@
 """Feature-space quality of a final global model (FedFM, Table IV): how well the features of a test
-sample separate the classes. NMI compares K-means clusters (K = number of classes) with the labels;
+sample separate the classes. NMI compares K-means clusters (K = number of classes in the sample) with the labels;
 the silhouette score measures, with the true labels as clusters, how much closer each feature lies
 to its own class than to the nearest other class (cosine distance would hide the scale; we use the
 Euclidean distance that scikit-learn defaults to). Both are in [-1, 1] (NMI in [0, 1]); higher is
@@ -22,6 +22,7 @@ def feature_quality(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, nu
     features, labels = features.double().cpu().numpy(), y[pick].cpu().numpy()
     if not np.isfinite(features).all():           # a diverged model: nothing to cluster, but no crash
         return {"feature_nmi": float("nan"), "feature_silhouette": float("nan")}
-    clusters = KMeans(n_clusters=num_classes, n_init=10, random_state=seed).fit_predict(features)
+    present = len(set(labels.tolist()))           # a small test set may not hold every class
+    clusters = KMeans(n_clusters=min(num_classes, present), n_init=10, random_state=seed).fit_predict(features)
     return {"feature_nmi": float(normalized_mutual_info_score(labels, clusters)),
             "feature_silhouette": float(silhouette_score(features, labels)) if len(set(labels)) > 1 else float("nan")}

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
-from hpcfl.algorithms.base import Client, Setup
+from hpcfl.algorithms.base import MATCHED, Client, Setup
 from hpcfl.config import JobConfig
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
@@ -85,7 +85,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     data = load_dataset(config.data.dataset, root)
     labels = data.train_y.numpy()
     parts = partition(labels, config.data.num_clients, config.data.partition, config.data.partition_params,
-                      config.run.seed, config.data.min_samples)
+                      config.run.seed, config.data.min_samples, data.groups)
     val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
     if config.data.validation_fraction > 0:
         parts, val_parts = validation_split(parts, config.data.validation_fraction, config.run.seed)
@@ -182,8 +182,8 @@ def run(job: Job, log=print) -> None:
         phase_s, bytes_down, bytes_up, bytes_exchange = {}, {}, {}, {}
         for phase in job.algorithm.phases(round):
             phase_start = time.perf_counter()
+            downlink, replies = _match(job, phase, round, cohort, bytes_up, bytes_down) if phase.gather else ({}, None)
             packed = job.server.downlink(phase, round) if job.server else {}
-            downlink = {}
             for name, layout in phase.downlink.items():
                 buf = transport.broadcast(name, packed.get(name))
                 downlink[name] = layout.unpack(torch.from_numpy(buf).to(_device(job)))
@@ -193,16 +193,18 @@ def run(job: Job, log=print) -> None:
                     job.worker.exchange(phase, round, cohort, downlink, transport)
                 moved = len(job.algorithm.exchange_sources(round))
                 bytes_exchange[phase.name] = bytes_exchange.get(phase.name, 0) + 4 * phase.exchange.numel * moved
-            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS, class_rows)
+            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS, class_rows, replies)
                     if job.worker and phase.exchange is None
                     else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
             reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
             for name, layout in phase.uplink.items():
                 bytes_up[name] = bytes_up.get(name, 0) + 4 * layout.numel * len(cohort)
-            if job.server:
+            if job.server and phase.uplink:
                 job.server.aggregate(phase, round, reduced)
             phase_s[phase.name] = phase_s.get(phase.name, 0.0) + time.perf_counter() - phase_start
         evaluation = _evaluate(job, round)
+        if job.server:
+            evaluation.update({f"round/{k}": v for k, v in job.algorithm.server_metrics(job.server.state).items()})
         report = _report(job, rows if class_rows is None else np.concatenate([rows, class_rows], axis=1))
         if job.server:
             if start_acc is not None:
@@ -216,6 +218,24 @@ def run(job: Job, log=print) -> None:
             job.recorder.write_array(f"final/{key}", np.float64(value))
         log(f"hpcfl: final global model's test features: NMI {quality['feature_nmi']:.4f}, "
             f"silhouette {quality['feature_silhouette']:.4f}")
+
+
+def _match(job: Job, phase, round: int, cohort: list[int], bytes_up: dict, bytes_down: dict) -> tuple[dict, dict]:
+    """The layer-wise matching collective that opens a matching phase: the sampled clients' tensors
+    are gathered to the server, whose answer is broadcast (one tensor) and scattered (one per client).
+    Returns (downlink with MATCHED's shared tensor, this rank's clients' replies)."""
+    transport, device = job.transport, _device(job)
+    gathered = transport.gather(phase.name, job.worker.gather(phase, round, cohort) if job.worker else {})
+    shared, replies = job.server.match(phase, round, gathered) if job.server else (None, None)
+    shared = transport.broadcast(phase.name, shared)
+    here = [c for c in cohort if transport.client_rank[c] == transport.rank] if job.worker else []
+    mine = transport.scatter(phase.name, replies, here)
+    if job.server:                      # what each client sends and receives, as for every payload
+        bytes_up[phase.name] = bytes_up.get(phase.name, 0) + 4 * sum(v.size for v in gathered.values())
+        bytes_down[phase.name] = bytes_down.get(phase.name, 0) + 4 * (shared.size * len(cohort) +
+                                                                      sum(v.size for v in replies.values()))
+    return ({MATCHED: {"global": torch.from_numpy(np.asarray(shared)).to(device)}},
+            {c: torch.from_numpy(np.asarray(r)).to(device) for c, r in mine.items()})
 
 
 def _device(job: Job):

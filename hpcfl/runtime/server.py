@@ -9,7 +9,6 @@ import torch
 
 from hpcfl.algorithms.base import Algorithm, Phase
 from hpcfl.metrics.feature_space import feature_quality
-from hpcfl.models import load_state
 
 
 class Server:
@@ -36,10 +35,21 @@ class Server:
         self.algorithm.aggregate_uplink(phase, round, self.state, uplink)
         self.compute_s += time.perf_counter() - start
 
+    def match(self, phase: Phase, round: int, gathered: dict[int, np.ndarray]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """A matching phase's server step: the gathered per-client buffers in, one buffer for every
+        rank and one per client out (float64)."""
+        start = time.perf_counter()
+        shared, replies = self.algorithm.match(phase, round, self.state,
+                                               {c: torch.from_numpy(v) for c, v in gathered.items()})
+        as_numpy = lambda t: t.detach().to(torch.float64).cpu().numpy().ravel()      # noqa: E731
+        out = as_numpy(shared), {c: as_numpy(t) for c, t in replies.items()}
+        self.compute_s += time.perf_counter() - start
+        return out
+
     def feature_quality(self, seed: int) -> dict[str, float]:
         """NMI and silhouette of the global model's features on a test sample (FedFM Table IV)."""
-        load_state(self.model, self.algorithm.global_state(self.state))
-        return feature_quality(self.model, self.test_x, self.test_y, self.algorithm.setup.num_classes, seed)
+        model = self.algorithm.global_module(self.state, self.model)
+        return feature_quality(model, self.test_x, self.test_y, self.algorithm.setup.num_classes, seed)
 
     def evaluate(self) -> dict | None:
         """Test accuracy, loss and per-class accuracy of the server's model (None if it has none)."""

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Algorithm, Client, Phase
+from hpcfl.algorithms.base import MATCHED, Algorithm, Client, Phase
 from hpcfl.training import evaluate
 
 
@@ -21,19 +21,22 @@ class Worker:
         self.compute_s = 0.0
 
     def run_phase(self, phase: Phase, round: int, cohort: list[int], downlink: dict, rows: np.ndarray,
-                  metric_names: tuple[str, ...], class_rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                  metric_names: tuple[str, ...], class_rows: np.ndarray | None = None,
+                  replies: dict[int, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
         """Train this rank's sampled clients; returns the summed uplink buffers; fills `rows` (client x
-        metric) and, if given, `class_rows` (client x class: the trained model's test accuracy per class)."""
+        metric) and, if given, `class_rows` (client x class: the trained model's test accuracy per class).
+        In a matching phase each client also gets its own reply, as downlink[MATCHED]["reply"]."""
         start = time.perf_counter()
         sums = {name: torch.zeros(layout.numel, dtype=torch.float64, device=self.device)
                 for name, layout in phase.uplink.items()}
         self.algorithm.receive(phase, round, downlink)
         for cid in sorted(c for c in cohort if c in self.clients):
             client = self.clients[cid]
-            model = self.models[client.architecture]
+            model = self.algorithm.client_model(client, self.models[client.architecture])
             client.state = {k: v.to(self.device) for k, v in client.state.items()}
+            received = downlink if replies is None else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}}
             try:
-                contributions, metrics = self.algorithm.update_client(phase, round, client, downlink,
+                contributions, metrics = self.algorithm.update_client(phase, round, client, received,
                                                                       model, self.trainer)
             except Exception as err:
                 err.add_note(f"hpcfl: in client {cid}, round {round}, phase '{phase.name}'")
@@ -51,6 +54,14 @@ class Worker:
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start
         return {name: buf.cpu().numpy() for name, buf in sums.items()}
+
+    def gather(self, phase: Phase, round: int, cohort: list[int]) -> dict[int, np.ndarray]:
+        """A matching phase's opening: the hosted sampled clients' tensors for the server."""
+        start = time.perf_counter()
+        out = {c: self.algorithm.gather_out(phase, round, self.clients[c]).detach().to(torch.float64).cpu().numpy().ravel()
+               for c in sorted(cohort) if c in self.clients}
+        self.compute_s += time.perf_counter() - start
+        return out
 
     def exchange(self, phase: Phase, round: int, cohort: list[int], downlink: dict, transport) -> None:
         """A swap phase: the hosted sampled clients hand their tensors to their receivers (in memory

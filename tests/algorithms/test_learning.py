@@ -17,7 +17,7 @@ def _run(job, root, *overrides):
 
 # short runs: feature matching from round 3 (not 20), with a weight that suits lr 0.1
 FEATURE_MATCHING = ["algorithm.params.start_round=3", "algorithm.params.weight=1.0"]
-OVERRIDES = {"ensemble": ["train.clients_per_round=6"], "fedfm": FEATURE_MATCHING,
+OVERRIDES = {"ensemble": ["train.clients_per_round=6"], "fedma": ["train.clients_per_round=6"], "fedfm": FEATURE_MATCHING,
              "fedclassavg": ['train.optimizer="adam"', "train.lr=0.003"],     # Adam, as the paper (Table 1)
              "fedfm_lite": [*FEATURE_MATCHING, "algorithm.params.model_every=2"]}
 
@@ -83,3 +83,15 @@ def test_feature_quality_of_a_diverged_model_is_nan_not_a_crash():
         model.fc[0].weight.fill_(float("nan"))
     quality = feature_quality(model, torch.zeros(20, 1, 8, 8), torch.arange(20) % 10, 10, seed=0)
     assert np.isnan(quality["feature_nmi"]) and np.isnan(quality["feature_silhouette"])
+
+
+def test_feature_quality_of_a_test_sample_smaller_than_the_class_count_clusters_the_classes_present():
+    import torch
+
+    from hpcfl.metrics.feature_space import feature_quality
+    from hpcfl.models import build_model
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 1, 8, 8)
+    quality = feature_quality(build_model("fmnist_cnn", (1, 8, 8), 80), x, torch.tensor([0, 0, 1, 1, 2, 2]), 80, seed=0)
+    assert 0.0 <= quality["feature_nmi"] <= 1.0

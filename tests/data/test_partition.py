@@ -344,3 +344,18 @@ def test_partition_is_identical_in_another_process():
     done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], env=env,
                           capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(done.stdout.splitlines()[-1]) == _digests()
+
+
+def test_natural_clients_are_whole_owners_drawn_among_the_large_enough():
+    owners = np.repeat([4, 7, 9, 11, 12], [30, 5, 40, 12, 25])        # owner 7 holds only 5 samples
+    labels = np.zeros(len(owners), dtype=np.int64)
+    parts = partition(labels, 3, "natural", {"min_owner_samples": 12}, seed=0, min_samples=1, owners=owners)
+    held = [set(owners[p].tolist()) for p in parts]
+    assert all(len(h) == 1 for h in held)                               # one owner per client...
+    assert {next(iter(h)) for h in held} <= {4, 9, 11, 12}             # ...never the small one
+    for part in parts:
+        assert len(part) == np.count_nonzero(owners == owners[part[0]])  # ...with all its samples
+    with pytest.raises(DataError, match="min_owner_samples"):
+        partition(labels, 4, "natural", {"min_owner_samples": 26}, seed=0, min_samples=1, owners=owners)
+    with pytest.raises(ConfigError, match="shakespeare"):
+        partition(labels, 2, "natural", {}, seed=0, min_samples=1)

@@ -1,0 +1,195 @@
+"""FedMA — Wang, Yurochkin, Sun, Papailiopoulos & Khazaeni, "Federated Learning with Matched
+Averaging", ICLR 2020: Algorithm 1 (layer-wise matching, freezing and retraining), section 2.3 (FedMA
+with communication), eq. (2)-(3) solved by BBP-MAP (hpcfl.bbp_map), eq. (5) for conv channels and
+eq. (6) for LSTM hidden units (hpcfl.models.neurons).
+
+A round of an N-layer network has N + 1 phases:
+- `train`: each client rebuilds its model at its own size from the global model with its last
+  assignment (round 0: from its own random initialisation, the paper's realistic setting; `init =
+  "shared"` starts everyone from the run's one initial model) and trains every layer for
+  train.local_epochs;
+- `match_<layer>` for layers 1..N-1: the clients' neurons of that layer (inputs already in the global
+  order of the layer before) are gathered to the server, matched (the global layer may grow), the
+  matched layer broadcast and each client's assignment scattered. The client installs the global
+  layer, permutes and zero-pads the next layer's inputs, freezes the layers matched so far and retrains
+  the rest for `retrain_epochs` (`retrain = false`: PFNM-style one-shot matching, no retraining);
+- `match_<last>`: the last layer is not matched but averaged per class, each client's row of class k
+  weighted by its share of the class-k samples (Algorithm 1's p_jk; a class nobody holds: plain mean).
+Every client takes part in every round, as in the paper: an assignment refers to the global model it
+was made against. The global model's size, growth over the local size (Tables 1-2, 6-7) and the
+server's matching time per layer are recorded each round.
+"""
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hpcfl.algorithms.base import MATCHED, Algorithm, Phase
+from hpcfl.bbp_map import Prior, match_neurons
+from hpcfl.errors import ConfigError
+from hpcfl.models.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, recurrent, resize_,
+                                  signature, width, with_signature)
+from hpcfl.payload import Layout
+from hpcfl.seeding import numpy_rng, torch_seed
+
+
+class FedMA(Algorithm):
+    name = "fedma"
+
+    @dataclass(frozen=True)
+    class Params(Prior):
+        retrain: bool = True            # False: one-shot matching without retraining (PFNM, Figure 1)
+        retrain_epochs: int = 1         # local epochs of retraining after each matched layer
+        init: str = "independent"       # "shared": every client starts from the run's initial model
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.init not in ("independent", "shared"):
+                raise ValueError(f"init = {self.init!r}; choose 'independent' or 'shared'")
+            if self.retrain_epochs < 1:
+                raise ValueError(f"retrain_epochs = {self.retrain_epochs} must be >= 1")
+
+    @classmethod
+    def check(cls, job):
+        super().check(job)
+        if job.train.clients_per_round != job.data.num_clients:
+            raise ConfigError(f"fedma matches every client every round (an assignment refers to the last global "
+                              f"model): set train.clients_per_round = data.num_clients = {job.data.num_clients}")
+        if job.algorithm.regularizers:
+            raise ConfigError("fedma clients train on cross-entropy alone: drop algorithm.regularizers")
+
+    def __init__(self, params, setup):
+        super().__init__(params, setup)
+        self.layers = chain(setup.template)
+        self.last = len(self.layers) - 1
+        self.template = {k: v.detach().cpu().clone() for k, v in setup.template.state_dict().items()}
+        self.own_width = [width(self.template, layer) for layer in self.layers]
+        self.widths = list(self.own_width)          # global widths, as every rank learns them
+        self.phase_layer = {f"match_{layer.name}": i for i, layer in enumerate(self.layers)}
+        self.match_s: dict[str, float] = {}
+
+    def plan(self, round):
+        model = {"model": Layout.of(self._shapes(self.last))} if round else {}
+        return [Phase("train", downlink=model), *(Phase(name, gather=True) for name in self.phase_layer)]
+
+    def _shapes(self, upto: int) -> dict[str, torch.Tensor]:
+        """The template's tensors (values meaningless) with layers < upto at their global widths: the
+        shapes a client's model has when layer `upto` is gathered (upto = N - 1: the global model's)."""
+        state = self.template
+        for i in range(upto):
+            own = torch.arange(self.own_width[i])
+            state = place_inputs(place(state, self.layers[i], own, self.widths[i]), self.layers[i + 1], own,
+                                 self.own_width[i], self.widths[i])
+        return state
+
+    # -- server ------------------------------------------------------------------------------------
+    def downlink(self, phase, round, server_state):
+        return {"model": self.global_state(server_state)}
+
+    def match(self, phase, round, server_state, gathered):
+        start, i = time.perf_counter(), self.phase_layer[phase.name]
+        layer, clients, shapes = self.layers[i], sorted(gathered), self._shapes(i)
+        states = [decode(gathered[c], shapes, layer, self.own_width[i]) for c in clients]
+        if i == self.last:
+            merged = with_signature(shapes, layer, self._class_average(states, clients))
+            shared, replies = torch.zeros(0), {c: torch.zeros(0) for c in clients}
+        else:
+            _, bias = signature(shapes, layer)
+            means, assignment = match_neurons([signature(s, layer)[0].numpy() for s in states], bias.numpy(),
+                                              self.params, numpy_rng(self.setup.job.run.seed, "bbp_map", round, i))
+            self.widths[i] = count = means.shape[0]
+            merged = with_signature(shapes, layer, torch.from_numpy(means))
+            for p in recurrent(layer):          # LSTM hidden-to-hidden: mean over the clients holding each entry
+                placed = [place(s, layer, a, count)[p.key] for s, a in zip(states, assignment)]
+                held = [place({**s, p.key: torch.ones_like(s[p.key])}, layer, a, count)[p.key]
+                        for s, a in zip(states, assignment)]
+                merged[p.key] = sum(placed) / sum(held).clamp(min=1)
+            shared = torch.cat([torch.tensor([float(count)], dtype=torch.float64), encode(merged, layer)])
+            replies = {c: torch.from_numpy(a) for c, a in zip(clients, assignment)}
+        for p in layer.params:                  # a new shape, on the server's device
+            key = f"model.{p.key}"
+            server_state[key] = merged[p.key].to(server_state[key].device, self.template[p.key].dtype)
+        self.match_s[layer.name] = time.perf_counter() - start
+        return shared, replies
+
+    def _class_average(self, states, clients) -> torch.Tensor:
+        counts = torch.as_tensor(self.setup.class_counts[clients], dtype=torch.float64)       # J x C
+        total = counts.sum(0)
+        share = torch.where(total > 0, counts / total.clamp(min=1), 1.0 / len(clients))
+        rows = torch.stack([signature(s, self.layers[-1])[0] for s in states])               # J x C x D
+        return (share[:, :, None] * rows).sum(0)
+
+    def global_module(self, server_state, model):
+        return resize_(copy.deepcopy(model), self.global_state(server_state))
+
+    def server_metrics(self, server_state):
+        size = sum(v.numel() for k, v in server_state.items() if k.startswith("model."))
+        return {"global_params": size, "growth_rate": size / sum(v.numel() for v in self.template.values()),
+                **{f"width/{layer.name}": w for layer, w in zip(self.layers[:-1], self.widths)},
+                **{f"match_s/{k}": v for k, v in self.match_s.items()}}
+
+    # -- client ------------------------------------------------------------------------------------
+    def init_client_state(self, client, initial_model):
+        model = copy.deepcopy(initial_model)
+        if self.params.init == "independent":
+            torch.manual_seed(torch_seed(self.setup.job.run.seed, "init", client.id))
+            for module in model.modules():
+                if hasattr(module, "reset_parameters") and any(True for _ in module.parameters(recurse=False)):
+                    module.reset_parameters()
+        return {f"model.{k}": v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+    def client_model(self, client, model):
+        return copy.deepcopy(model)
+
+    def receive(self, phase, round, downlink):
+        i = self.phase_layer.get(phase.name)
+        if i is not None and i != self.last:
+            self.widths[i] = int(downlink[MATCHED]["global"][0])
+
+    def gather_out(self, phase, round, client):
+        return encode(self._own(client), self.layers[self.phase_layer[phase.name]])
+
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        if phase.name == "train":
+            resize_(model, self._own(client) if round == 0 else self._own_size(client, downlink["model"]))
+            metrics = self.train(model, client, round, trainer, {})
+        else:
+            i = self.phase_layer[phase.name]
+            if i == self.last:                      # the last layer's class average is the server's
+                return {}, {}
+            assignment = downlink[MATCHED]["reply"].long()
+            client.state[f"assign.{self.layers[i].name}"] = assignment
+            resize_(model, self._install(self._own(client), i, downlink[MATCHED]["global"], assignment))
+            metrics = self._retrain(model, client, round, trainer, i) if self.params.retrain else {}
+        client.state.update({f"model.{k}": v.detach() for k, v in model.state_dict().items()})
+        return {}, metrics
+
+    def _retrain(self, model, client, round, trainer, i):
+        """Train the layers after layer i, the matched ones frozen, on fresh batch draws."""
+        frozen = {layer.name for layer in self.layers[:i + 1]}
+        for name, module in model.named_modules():
+            if name in frozen:
+                module.requires_grad_(False)
+        start = self.setup.job.train.local_epochs + i * self.params.retrain_epochs
+        return self.train(model, client, round, trainer, {}, epochs=range(start, start + self.params.retrain_epochs))
+
+    def _own(self, client) -> dict[str, torch.Tensor]:
+        return {k[len("model."):]: v for k, v in client.state.items() if k.startswith("model.")}
+
+    def _own_size(self, client, global_model) -> dict[str, torch.Tensor]:
+        """The global model sliced back to the client's size with its last assignments (section 2.3)."""
+        state = dict(global_model)
+        for i, layer in enumerate(self.layers[:-1]):
+            mine = client.state[f"assign.{layer.name}"]
+            state = pick_inputs(pick(state, layer, mine), self.layers[i + 1], mine, self.widths[i])
+        return state
+
+    def _install(self, state, i, shared, assignment):
+        """The matched global layer i in place of the client's, the next layer's inputs permuted and
+        zero-padded to match (Algorithm 1: W_{j,n+1} <- Pi_j W_{j,n+1})."""
+        layer, count = self.layers[i], int(shared[0])
+        dtype = state[layer.params[0].key].dtype
+        installed = decode(shared[1:].to(dtype), state, layer, count)
+        return place_inputs(installed, self.layers[i + 1], assignment, self.own_width[i], count)
+

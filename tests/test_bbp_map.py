@@ -1,0 +1,61 @@
+"""BBP-MAP on hand-made neurons: permuted copies are matched back, the match-or-new threshold is the
+one the cost implies, the matched value is the posterior mean, and the width cap holds."""
+import math
+
+import numpy as np
+import pytest
+
+from hpcfl.bbp_map import Prior, match_neurons
+
+NO_BIAS = np.zeros(1, dtype=bool)
+
+
+def _rng():
+    return np.random.default_rng(0)
+
+
+def test_a_permuted_copy_is_matched_back_to_the_original_neurons():
+    neurons = np.random.default_rng(1).normal(size=(12, 31))       # |w|^2 ~ 31: clearly worth matching
+    bias = np.zeros(31, dtype=bool)
+    bias[-1] = True
+    perm = np.random.default_rng(2).permutation(12)
+    means, (first, second) = match_neurons([neurons, neurons[perm]], bias, Prior(), _rng())
+    assert means.shape == (12, 31)
+    np.testing.assert_array_equal(first, np.arange(12))              # the first client seeds the global order
+    np.testing.assert_array_equal(second, perm)                      # its neuron l is the original perm[l]
+    prior_mean = np.where(bias, 0.1, 0.0)                            # sigma = sigma0 = 1: (mu0 + w + w) / 3
+    np.testing.assert_allclose(means, (prior_mean + 2 * neurons) / 3, rtol=1e-12)
+
+
+def test_with_a_tight_sigma_the_matched_layer_is_the_original():
+    neurons = np.random.default_rng(3).normal(size=(8, 20))
+    perm = np.random.default_rng(4).permutation(8)
+    means, _ = match_neurons([neurons[perm], neurons], np.zeros(20, dtype=bool), Prior(sigma=1e-6), _rng())
+    np.testing.assert_allclose(means[np.argsort(perm)], neurons, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_sq, matched", [(7.3, False), (7.8, True)])
+def test_two_equal_neurons_match_exactly_when_the_gain_beats_a_new_neuron(norm_sq, matched):
+    # J = 2, one neuron w each: joining gains 4|w|^2/3 - |w|^2/2 + log(1/1), a new neuron |w|^2/2 + 2 log(7/2);
+    # they match iff |w|^2 / 3 > 2 log 3.5, i.e. |w|^2 > 7.52
+    assert (norm_sq / 3 > 2 * math.log(3.5)) == matched
+    w = np.array([[math.sqrt(norm_sq)]])
+    means, assignment = match_neurons([w, w], NO_BIAS, Prior(), _rng())
+    assert means.shape[0] == (1 if matched else 2)
+    assert (assignment[0][0] == assignment[1][0]) == matched
+
+
+def test_small_unrelated_neurons_grow_the_layer_until_the_cap():
+    # tiny neurons gain ~nothing by joining; the k-th new one gains 2 log(7/2) - 2 log k > 0 for k <= 3
+    rng = np.random.default_rng(5)
+    clients = [rng.normal(scale=0.01, size=(6, 4)) for _ in range(2)]
+    means, assignment = match_neurons(clients, np.zeros(4, dtype=bool), Prior(), _rng())
+    assert means.shape[0] == 9
+    assert all(sorted(set(a.tolist())) == sorted(a.tolist()) for a in assignment)     # injective
+    capped, _ = match_neurons(clients, np.zeros(4, dtype=bool), Prior(max_width=6), _rng())
+    assert capped.shape[0] == 7                     # at the cap a client may still add one neuron
+
+
+def test_bad_prior_is_refused():
+    with pytest.raises(ValueError, match="sigma"):
+        Prior(sigma=0.0)
