@@ -25,6 +25,8 @@ class RunConfig:
     results_root: str = "results"
     device: str = "auto"            # auto | cpu | cuda
     threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on CPU)
+    checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, USR1/TERM)
+    checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,9 @@ CHOICES = {
     "model.batchnorm": ("average", "local"),
 }
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
-            "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads"}
-NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio"}
+            "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
+NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio",
+                "run.checkpoint_every"}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -250,8 +253,19 @@ def _check_registries(job: JobConfig) -> None:
                           f"'{job.algorithm.name}' does not have; set eval.forgetting = false")
 
 
-def load_job(path: str | Path, overrides: list[str] = ()) -> JobConfig:
-    """Read, override and validate a job file; raises ConfigError naming the key and the fix."""
+def load_job(path: str | Path, overrides: list[str] = (), allow_sweep: bool = False) -> JobConfig:
+    """Read, override and validate a job file; raises ConfigError naming the key and the fix. A
+    [sweep] table is for hpcfl.sweep, which runs one of its points (`allow_sweep`)."""
+    raw = read_job_file(path)
+    if "sweep" in raw and not allow_sweep:
+        raise ConfigError(f"job file {path} defines a [sweep]: run one of its points with `python -m hpcfl.sweep "
+                          f"{path} --index I` (`--list` shows them)")
+    raw.pop("sweep", None)
+    return job_from_dict(apply_overrides(raw, list(overrides)))
+
+
+def read_job_file(path: str | Path) -> dict:
+    """The job file's TOML tables, unvalidated."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -259,7 +273,7 @@ def load_job(path: str | Path, overrides: list[str] = ()) -> JobConfig:
         raise ConfigError(f"job file {path} does not exist; pass the path of a TOML job file (see jobs/)") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"job file {path} is not valid TOML: {err}") from None
-    return job_from_dict(apply_overrides(raw, list(overrides)))
+    return raw
 
 
 def job_from_dict(raw: dict) -> JobConfig:

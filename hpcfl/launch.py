@@ -1,12 +1,17 @@
 """Run one federated-learning job: `[mpirun -np N] python -m hpcfl.launch JOB.toml [options]`.
 
 Without a launcher, one process is the server and hosts every client. Under mpirun/srun, rank 0
-is the server and ranks >= 1 host the clients. Exit status: 0 done; 2 bad input (config, data,
-result path: reported before any rank trains); 1 a failure during training, after which every
-rank is stopped (MPI_Abort) so the job never hangs.
+is the server and ranks >= 1 host the clients. Exit status: 0 done (or already complete); 2 bad
+input (config, data, result path: reported before any rank trains); 1 a failure during training,
+after which every rank is stopped (MPI_Abort) so the job never hangs; 3 stopped at a checkpoint
+after SIGUSR1/SIGTERM (run the same command again to resume; the SLURM scripts requeue).
+
+A run whose result file exists but is not complete resumes from its newest intact checkpoint.
 """
 import argparse
 import os
+import shutil
+import signal
 import socket
 import sys
 import traceback
@@ -15,6 +20,8 @@ from hpcfl.errors import HpcflError
 
 # Set by mpiexec (Hydra: PMI_*; Open MPI: OMPI_*; PMIx) or by srun for a step of several tasks.
 _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+EXIT_RESUME = 3
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)     # SLURM: --signal=B:USR1@..., and SIGTERM at the time limit
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -23,7 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Run a federated-learning job described by a TOML job file (see jobs/). "
                     "Without mpirun one process does everything; with `mpirun -np N`, rank 0 is the "
                     "server and ranks 1..N-1 host the clients. Same seed, same numbers, any N.",
-        epilog="Exit status: 0 done, 2 bad input (nothing trained), 1 failure during training.")
+        epilog="Exit status: 0 done, 2 bad input (nothing trained), 1 failure during training, "
+               "3 stopped at a checkpoint after SIGUSR1/SIGTERM (run again to resume).")
     parser.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any job-file key with a TOML value, e.g. --set train.lr=0.05 "
@@ -68,41 +76,56 @@ def _abort(transport, err: BaseException) -> None:
     sys.exit(1)
 
 
-def main(argv=None) -> int:
+def main(argv=None, allow_sweep: bool = False) -> int:
+    """`allow_sweep`: the job file may have a [sweep] table (hpcfl.sweep runs one of its points)."""
     args = parse_args(argv)
+    from hpcfl.checkpoint import checkpoint_root
     from hpcfl.config import load_job
+    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.resume import STOP, RunCompleted
 
     overrides = args.overrides + ([f"run.results_root={args.results_root!r}"] if args.results_root else [])
     transport = None
     try:
-        config = load_job(args.job, overrides)
+        config = load_job(args.job, overrides, allow_sweep=allow_sweep)
         if args.check:
             print(config.to_json())
             return 0
         transport, local_rank = make_transport()
-        from hpcfl.runtime.job import run, setup
-
         log = (lambda text: print(text, flush=True)) if transport.is_server else (lambda text: None)
         job = setup(config, transport, args.data_root, local_rank, log)
+    except RunCompleted as done:
+        if transport is None or transport.is_server:
+            print(f"hpcfl: {done}", flush=True)
+        return 0
     except HpcflError as err:
         if transport is None or transport.is_server:
             sys.stderr.write(f"hpcfl: error: {err}\n")
         return 2
     except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
         _abort(transport, err)
+    STOP.clear()
+    previous = {sig: signal.signal(sig, lambda *_: STOP.set()) for sig in STOP_SIGNALS}
     try:
-        run(job, log)
+        finished = run(job, log)
     except BaseException as err:          # noqa: BLE001 — any failure must end every rank
         if job.recorder:
             job.recorder.set_attr("status", "failed")
             job.recorder.close()
         _abort(transport, err)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if job.recorder:
-        job.recorder.set_attr("status", "completed")
+        job.recorder.set_attr("status", "completed" if finished else "interrupted")
         job.recorder.close()
-        log(f"hpcfl: wrote {config.result_path}")
+        if finished:
+            shutil.rmtree(checkpoint_root(config.result_path), ignore_errors=True)
+            log(f"hpcfl: wrote {config.result_path}")
+        else:
+            log(f"hpcfl: stopped at a checkpoint ({config.result_path}); run the same command again to resume")
     transport.close()
-    return 0
+    return 0 if finished else EXIT_RESUME
 
 
 if __name__ == "__main__":

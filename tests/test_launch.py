@@ -69,8 +69,10 @@ def test_never_overwrites_a_result(tiny_job, tmp_path):
     assert launch(job, "--results-root", tmp_path).returncode == 0
     path = tmp_path / "test" / "fedavg-dirichlet-seed0.h5"
     before = path.read_bytes()
-    again = launch(job, "--results-root", tmp_path)
-    assert again.returncode == 2 and "already exists" in again.stderr and "run.name" in again.stderr
+    again = launch(job, "--results-root", tmp_path)                       # complete: nothing to do
+    assert again.returncode == 0 and "already complete" in again.stdout
+    other = launch(job, "--results-root", tmp_path, "--set", "train.lr=0.2")
+    assert other.returncode == 2 and "another configuration" in other.stderr and "run.name" in other.stderr
     assert path.read_bytes() == before
 
 

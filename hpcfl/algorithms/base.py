@@ -243,6 +243,14 @@ class Algorithm:
         """The server's model on the global test set (None for an algorithm without one)."""
         return evaluate(self.global_module(server_state, model), x, y, self.setup.num_classes, batch_size)
 
+    def carried_state(self) -> Tensors:
+        """What this object carries from round to round on every rank, beyond the server's and the
+        clients' states (FedMA's global widths); checkpoints keep it."""
+        return {}
+
+    def load_carried_state(self, state: Tensors) -> None:
+        """Take back `carried_state()` from a checkpoint."""
+
     def server_metrics(self, server_state: Tensors) -> dict[str, float]:
         """Extra per-round figures of the server's state, recorded as round/<key>."""
         return {}

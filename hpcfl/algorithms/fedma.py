@@ -129,6 +129,12 @@ class FedMA(Algorithm):
                 **{f"width/{layer.name}": w for layer, w in zip(self.layers[:-1], self.widths)},
                 **{f"match_s/{k}": v for k, v in self.match_s.items()}}
 
+    def carried_state(self):
+        return {"widths": torch.tensor(self.widths)}
+
+    def load_carried_state(self, state):
+        self.widths = state["widths"].tolist()
+
     # -- client ------------------------------------------------------------------------------------
     def init_client_state(self, client, initial_model):
         model = copy.deepcopy(initial_model)

@@ -81,6 +81,29 @@ class Recorder:
         file.flush()
         return recorder
 
+    @classmethod
+    def reopen(cls, path: Path, rounds: int) -> "Recorder":
+        """Open a run's file to continue it after `rounds` rounds: later rows are dropped (they will be
+        written again, identically, by the resumed run)."""
+        file = h5py.File(path, "r+", locking=False)
+        recorder = cls(file)
+        committed = int(file.attrs["committed_rounds"])
+        if rounds > committed:
+            file.close()
+            raise ResultsError(f"{path} holds {committed} rounds but its checkpoint is after round {rounds}; "
+                               "the result file is older than the checkpoint: move one of them away")
+        def collect(key, item):               # returns None: visititems stops at any other value
+            if isinstance(item, h5py.Dataset) and item.attrs.get("axis0") == ROUND_AXIS:
+                recorder._series[key] = item
+
+        file.visititems(collect)
+        for dataset in recorder._series.values():
+            dataset.resize(rounds, axis=0)
+        file.attrs.modify("committed_rounds", np.int64(rounds))
+        file.flush()
+        recorder._rounds = rounds
+        return recorder
+
     def _put_attr(self, name: str, value) -> None:
         if name in RESERVED_ATTRS:
             raise ResultsError(f"attribute name {name!r} is reserved by hpcfl; pick another name")

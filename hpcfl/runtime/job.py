@@ -11,6 +11,7 @@ import resource
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
 from hpcfl.runtime.placement import assign_clients, pick_device
 from hpcfl.runtime.provenance import run_attributes
+from hpcfl.runtime.resume import RunCompleted, control, restore, resume_point, write_checkpoint
 from hpcfl.runtime.server import Server
 from hpcfl.runtime.worker import Worker
 from hpcfl.seeding import cohort_schedule, torch_seed
@@ -52,6 +54,7 @@ class Job:
     cohorts: np.ndarray
     num_classes: int
     client_metrics: tuple[str, ...]       # the CLIENT_METRICS this run records
+    start_round: int = 0                  # > 0: resumed from a checkpoint taken after this many rounds
 
 
 def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0,
@@ -60,16 +63,21 @@ def setup(config: JobConfig, transport: Transport, data_root: str | None, local_
     info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
     try:
         job = _build(config, transport, data_root, local_rank, info, log)
+    except RunCompleted as done:
+        job, info["completed"] = None, str(done)
     except HpcflError as err:
         job, info["error"] = None, f"{type(err).__name__}: {err}"
     reports = transport.share(info)
-    failed = [r["error"] if transport.size == 1 else f"rank {r['rank']} on {r['host']}: {r['error']}"
-              for r in reports if r["error"]]
-    if failed:
-        if job and job.recorder:          # this rank was fine but another was not: leave no file
-            job.recorder.close()
-            config.result_path.unlink(missing_ok=True)
-        raise SetupFailed("\n".join(failed))
+    if reports[0].get("completed"):
+        raise RunCompleted(reports[0]["completed"])
+    _raise_failures(job, config, transport, reports)
+    if reports[0].get("checkpoint"):
+        try:
+            info["error"] = None
+            restore(job, Path(reports[0]["checkpoint"]), reports[0]["resume"], log)
+        except HpcflError as err:
+            info["error"] = f"{type(err).__name__}: {err}"
+        _raise_failures(job, config, transport, transport.share(info))
     if job.recorder:
         attrs = run_attributes(config, reports)
         for key, value in attrs.items():
@@ -77,7 +85,20 @@ def setup(config: JobConfig, transport: Transport, data_root: str | None, local_
     return job
 
 
+def _raise_failures(job: Job | None, config: JobConfig, transport: Transport, reports: list[dict]) -> None:
+    failed = [r["error"] if transport.size == 1 else f"rank {r['rank']} on {r['host']}: {r['error']}"
+              for r in reports if r["error"]]
+    if failed:
+        if job and job.recorder:          # this rank was fine but another was not
+            job.recorder.close()
+            if not reports[0].get("resume_file"):    # leave no file we created; keep one we resumed
+                config.result_path.unlink(missing_ok=True)
+        raise SetupFailed("\n".join(failed))
+
+
 def _build(config: JobConfig, transport: Transport, data_root, local_rank, info, log) -> Job:
+    resume_file, rounds, checkpoint = resume_point(config, log) if transport.is_server else (False, 0, None)
+    info.update(resume_file=resume_file, resume=rounds, checkpoint=str(checkpoint or ""))
     device = pick_device(config.run.device, local_rank, log)
     torch.set_num_threads(config.run.threads)
     info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
@@ -133,11 +154,14 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size)
     if transport.is_server:
         server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device)
-        recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
-        recorder.write_array("partition", counts)
-        recorder.write_array("placement", np.array([transport.client_rank[c] for c in range(len(parts))]))
-        if shared is not None:
-            recorder.write_array("shared_samples", shared)
+        if resume_file:
+            recorder = Recorder.reopen(config.result_path, rounds)
+        else:
+            recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
+            recorder.write_array("partition", counts)
+            recorder.write_array("placement", np.array([transport.client_rank[c] for c in range(len(parts))]))
+            if shared is not None:
+                recorder.write_array("shared_samples", shared)
         sizes = counts.sum(1)
         log(f"hpcfl: {config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
             f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
@@ -167,11 +191,12 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
     return models
 
 
-def run(job: Job, log=print) -> None:
-    """The round loop, identical on every rank."""
+def run(job: Job, log=print) -> bool:
+    """The round loop, identical on every rank. Returns False if it stopped at a checkpoint because a
+    rank was signalled (run the job again to resume), True once every round is done."""
     cfg, transport = job.config, job.transport
     evaluation, start_acc = {}, None
-    for round in range(cfg.run.rounds):
+    for round in range(job.start_round, cfg.run.rounds):
         start = time.perf_counter()
         cohort = [int(c) for c in job.cohorts[round]]
         rows = np.zeros((cfg.data.num_clients, len(CLIENT_METRICS)))
@@ -212,12 +237,18 @@ def run(job: Job, log=print) -> None:
             _record(job, round, cohort, report, evaluation, phase_s, {"down": bytes_down, "up": bytes_up,
                                                                       "exchange": bytes_exchange},
                     time.perf_counter() - start, log)
+        save, stop = control(job, round)
+        if save:
+            write_checkpoint(job, round + 1, log)
+        if stop:
+            return False
     if job.server and job.algorithm.global_model:       # FedFM Table IV, for every global model
         quality = job.server.feature_quality(cfg.run.seed)
         for key, value in quality.items():
             job.recorder.write_array(f"final/{key}", np.float64(value))
         log(f"hpcfl: final global model's test features: NMI {quality['feature_nmi']:.4f}, "
             f"silhouette {quality['feature_silhouette']:.4f}")
+    return True
 
 
 def _match(job: Job, phase, round: int, cohort: list[int], bytes_up: dict, bytes_down: dict) -> tuple[dict, dict]:

@@ -30,4 +30,4 @@ def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
     versions["hpcfl"] = hpcfl.__version__
     return {"versions": versions, "git_commit": git_commit(), "world_size": len(reports),
             "hostnames": [r["host"] for r in reports], "devices": [r["device"] for r in reports],
-            "study": config.run.study, "run": config.run_name}
+            "study": config.run.study, "run": config.run_name, "status": "running"}

@@ -64,7 +64,8 @@ class Transport:
         raise NotImplementedError
 
     def share(self, info: dict) -> list[dict]:
-        """Every rank's small `info` dict (host, device, setup error), in rank order. Setup only."""
+        """Every rank's small `info` dict (host, device, setup error, checkpoint file digests), in rank
+        order: bookkeeping at set-up and checkpoints, never payloads."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -145,7 +145,7 @@ class MpiTransport(Transport):
         return {**out, **received}
 
     def share(self, info):
-        # Setup only: a few strings, so the pickle-based lower-case call is the right tool.
+        # Bookkeeping only (a few strings): the pickle-based lower-case call is the right tool.
         return self.comm.allgather(info)
 
     def close(self):

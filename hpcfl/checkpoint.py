@@ -1,0 +1,121 @@
+"""Checkpoints: what a run needs to continue exactly where it stopped, written so that a kill at any
+moment leaves either the previous checkpoint or the new one, never a half of one that gets used.
+
+Next to the result file `<run>.h5` sits `<run>.ckpt/round-<R>/` for a checkpoint taken after round
+R - 1 (so R rounds are done and the run resumes at round R):
+- `server.pt` (rank 0): the server state;
+- `shared.pt` (rank 0): the algorithm's cross-round state that every rank holds (FedMA's global widths);
+- `clients-rank<r>.pt` (every rank hosting clients): its clients' states by client id, and the
+  rank's torch generator state;
+- `MANIFEST.json`, written last by rank 0 once every rank has reported its files and their SHA-256.
+Every file is written to a temporary name, flushed to disk and renamed; the directory is written
+as `round-<R>.partial` and renamed when the manifest is in. A directory whose files do not match the
+manifest is corrupt: the previous checkpoint is used, with a warning. The newest `keep` are kept.
+
+Files hold tensors and plain containers only, saved with torch.save and loaded with
+`weights_only=True` (no arbitrary pickles). The cohort schedule and every client's batches come
+from generators keyed by (seed, round, client), so the round number is their whole position; the
+result file's position is its `committed_rounds`, cut back to R on resume. Each rank writes its own
+files, so the results folder must be one all ranks see (a cluster's shared filesystem).
+"""
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import torch
+
+from hpcfl.errors import ResultsError
+
+MANIFEST = "MANIFEST.json"
+
+
+def checkpoint_root(result_path: Path) -> Path:
+    return Path(result_path).with_suffix(".ckpt")
+
+
+def _write(path: Path, obj) -> str:
+    """torch.save `obj` to `path` atomically; returns the SHA-256 of what was written."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getvalue()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def save(root: Path, rounds_done: int, transport, server_state: dict | None, shared: dict,
+         clients: dict[int, dict], keep: int) -> None:
+    """Collective: every rank writes its part, rank 0 seals the checkpoint and prunes old ones."""
+    partial = root / f"round-{rounds_done:06d}.partial"
+    partial.mkdir(parents=True, exist_ok=True)
+    mine = {}
+    if transport.is_server:
+        mine["server.pt"] = _write(partial / "server.pt", {k: v.detach().cpu() for k, v in server_state.items()})
+        mine["shared.pt"] = _write(partial / "shared.pt", shared)
+    if transport.size == 1 or not transport.is_server:        # the ranks hosting clients
+        name = f"clients-rank{transport.rank}.pt"
+        mine[name] = _write(partial / name, {"clients": {int(c): s for c, s in clients.items()},
+                                             "rng": torch.get_rng_state()})
+    files = {name: digest for part in transport.share(mine) for name, digest in part.items()}
+    if not transport.is_server:
+        return
+    tmp = partial / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"rounds_done": rounds_done, "world_size": transport.size, "files": files}))
+    os.replace(tmp, partial / MANIFEST)
+    final = root / f"round-{rounds_done:06d}"
+    if final.exists():                    # an earlier attempt at the same round (a rerun): replace it
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    for old in sorted(root.glob("round-*"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _valid(directory: Path) -> str | None:
+    """None if the checkpoint's files are all there and match the manifest, else what is wrong."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        for name, digest in manifest["files"].items():
+            if hashlib.sha256((directory / name).read_bytes()).hexdigest() != digest:
+                return f"{name} does not match its checksum"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"unreadable ({err})"
+    return None
+
+
+def latest(root: Path, warn) -> tuple[int, Path] | None:
+    """The newest intact checkpoint as (rounds done, folder); a damaged newer one is skipped with `warn`."""
+    for directory in sorted(root.glob("round-*"), reverse=True):
+        if directory.suffix == ".partial" or not directory.is_dir():
+            continue
+        problem = _valid(directory)
+        if problem is None:
+            return int(directory.name.split("-")[1]), directory
+        warn(f"hpcfl: warning: checkpoint {directory} is damaged ({problem}); using the one before it")
+    return None
+
+
+def load(path: Path, name: str):
+    """A checkpoint file's tensors; anything but tensors and plain containers is refused, never run."""
+    try:
+        return torch.load(path / name, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        raise ResultsError(f"checkpoint file {path / name} holds more than tensors and is not loaded ({err}); "
+                           "move the checkpoint folder away to start the run again") from None
+
+
+def load_clients(directory: Path, hosted) -> tuple[dict[int, dict], dict[int, torch.Tensor]]:
+    """The states of the clients `hosted` here, from whichever rank wrote them, and each writer's RNG state."""
+    states, rngs = {}, {}
+    for path in sorted(directory.glob("clients-rank*.pt")):
+        part = load(directory, path.name)
+        rngs[int(path.stem.removeprefix("clients-rank"))] = part["rng"]
+        states.update({c: s for c, s in part["clients"].items() if c in hosted})
+    return states, rngs

@@ -1,0 +1,96 @@
+"""Checkpoints in the round loop, and resuming from them (hpcfl.checkpoint has the files).
+
+- `resume_point` (rank 0, first thing in set-up): a complete result file means there is nothing to
+  do; an unfinished one of the same configuration resumes from its newest intact checkpoint;
+- `restore` (every rank): its part of that checkpoint into the built job;
+- `control` (every rank, after each round): whether to checkpoint and whether to stop, the same
+  decision on every rank; a USR1/TERM on any rank (STOP) stops them all after the same round;
+- `write_checkpoint` (every rank): its part of a checkpoint.
+"""
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcfl.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clients, save
+from hpcfl.config import JobConfig
+from hpcfl.errors import HpcflError, ResultsError
+from hpcfl.metrics import read_run
+
+
+class RunCompleted(HpcflError):
+    """The run's result file is already complete: nothing to do (e.g. a re-submitted sweep)."""
+
+
+STOP = threading.Event()        # set by the launcher's USR1/TERM handler: checkpoint after this round and stop
+
+
+def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
+    """Rank 0, before anything is built: (result file exists, rounds done, checkpoint folder). A
+    complete run raises RunCompleted; an unfinished one with the same configuration resumes from
+    its newest intact checkpoint (or from round 0 without one)."""
+    path = config.result_path
+    if not path.exists():
+        return False, 0, None
+    try:
+        existing = read_run(path).attrs
+    except (OSError, KeyError, ValueError) as err:
+        raise ResultsError(f"result file {path} exists but cannot be read ({err}); move it away to start again") from None
+    if _resumable(existing.get("config", {})) != _resumable(json.loads(config.to_json())):
+        raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
+                           "run.name, or delete or move the old file")
+    if existing.get("status") == "completed":
+        raise RunCompleted(f"{path} is already complete; nothing to do (delete it to run again)")
+    found = latest(checkpoint_root(path), log)
+    return True, (found[0] if found else 0), (found[1] if found else None)
+
+
+def _resumable(config: dict) -> dict:
+    """A configuration without the keys that may change between a run and its resumption."""
+    run = {k: v for k, v in config.get("run", {}).items() if k not in ("results_root", "checkpoint_every", "checkpoint_keep")}
+    return {**config, "run": run}
+
+
+def restore(job, directory: Path, rounds: int, log) -> None:
+    """Every rank takes its part of the checkpoint in `directory` (taken after `rounds` rounds)."""
+    manifest = json.loads((directory / MANIFEST).read_text())
+    job.algorithm.load_carried_state(load(directory, "shared.pt"))
+    if job.server:
+        job.server.state = {k: v.to(job.server.device) for k, v in load(directory, "server.pt").items()}
+    if job.worker:
+        states, rngs = load_clients(directory, set(job.worker.clients))
+        missing = sorted(set(job.worker.clients) - set(states))
+        if missing:
+            raise ResultsError(f"checkpoint {directory} has no state for clients {missing}: it belongs to another run")
+        for cid, state in states.items():
+            job.worker.clients[cid].state = state
+        if manifest["world_size"] == job.transport.size and job.transport.rank in rngs:
+            torch.set_rng_state(rngs[job.transport.rank])
+    job.start_round = rounds
+    log(f"hpcfl: resuming after round {rounds} from {directory}")
+
+
+def control(job, round: int) -> tuple[bool, bool]:
+    """Collective, after each round: (checkpoint now, stop now). A signal on any rank stops every rank
+    after the same round; checkpoints also come every run.checkpoint_every rounds (not after the last)."""
+    transport, cfg = job.transport, job.config.run
+    signalled = transport.reduce_sum("control", np.array([float(STOP.is_set())]))
+    decision = None
+    if transport.is_server:
+        done = round + 1
+        stop = bool(signalled[0] > 0) and done < cfg.rounds
+        periodic = cfg.checkpoint_every > 0 and done % cfg.checkpoint_every == 0 and done < cfg.rounds
+        decision = np.array([stop or periodic, stop], dtype=np.int64)
+    decision = transport.broadcast("control", decision)
+    return bool(decision[0]), bool(decision[1])
+
+
+def write_checkpoint(job, rounds: int, log) -> None:
+    start = time.perf_counter()
+    clients = {cid: client.state for cid, client in job.worker.clients.items()} if job.worker else {}
+    save(checkpoint_root(job.config.result_path), rounds, job.transport, job.server.state if job.server else None,
+         job.algorithm.carried_state(), clients, job.config.run.checkpoint_keep)
+    log(f"hpcfl: checkpoint after round {rounds} written in {time.perf_counter() - start:.2f} s")

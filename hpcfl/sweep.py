@@ -1,0 +1,94 @@
+"""Sweeps: one job file, a grid over any config keys times seeds, one run (and result file) per point.
+
+    [sweep]
+    seeds = [0, 1, 2]                                       # run.seed, innermost
+    grid = { "algorithm.name" = ["fedavg", "fedprox"], "data.partition_params.beta" = [0.1, 0.5] }
+
+expands, keys in the order written and seeds last, into points 0..N-1; point i is the job with those
+keys set, run.seed set, and run.name = `<run.name or "sweep">-<value>-<value>-seed<seed>` (so every
+point writes its own result file, and a re-submitted sweep skips the points already complete):
+
+    python -m hpcfl.sweep JOB --list                       # the points, with their indices
+    [mpiexec] python -m hpcfl.sweep JOB [--index I] [hpcfl.launch options]
+                                                           # run point I (default $SLURM_ARRAY_TASK_ID)
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+
+from hpcfl.config import read_job_file
+from hpcfl.errors import ConfigError
+
+
+def toml_value(value) -> str:
+    """A value in the TOML syntax --set takes."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"sweep value {value!r} has no TOML form")
+
+
+def _label(value) -> str:
+    text = value if isinstance(value, str) else toml_value(value)
+    return "".join(ch if ch.isalnum() or ch in ".+-_" else "_" for ch in text)
+
+
+def points(raw: dict) -> list[list[str]]:
+    """The sweep's points, each as the --set overrides that make it."""
+    sweep = raw.get("sweep")
+    if not isinstance(sweep, dict) or set(sweep) - {"grid", "seeds"}:
+        raise ConfigError("[sweep] must be a table with `grid` (a table: config key -> list of values) and/or "
+                          "`seeds` (a list of integers)")
+    grid, seeds = sweep.get("grid", {}), sweep.get("seeds", [raw.get("run", {}).get("seed", 0)])
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError("sweep.grid must map each config key to a non-empty list of values, "
+                          "e.g. { \"train.lr\" = [0.01, 0.1] }")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"sweep.seeds must be a non-empty list of integers, got {seeds!r}")
+    base = raw.get("run", {}).get("name") or "sweep"
+    out = []
+    for values in itertools.product(*grid.values(), seeds):
+        *chosen, seed = values
+        name = "-".join([base, *(_label(v) for v in chosen), f"seed{seed}"])
+        out.append([*(f"{k}={toml_value(v)}" for k, v in zip(grid, chosen)), f"run.seed={seed}",
+                    f"run.name={json.dumps(name)}"])
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hpcfl.sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("job")
+    parser.add_argument("--list", action="store_true", help="print the points with their indices and exit")
+    parser.add_argument("--index", type=int, default=None, help="the point to run (default: $SLURM_ARRAY_TASK_ID)")
+    args, launch_args = parser.parse_known_args(argv)
+    try:
+        todo = points(read_job_file(args.job))
+    except ConfigError as err:
+        sys.stderr.write(f"hpcfl: error: {err}\n")
+        return 2
+    if args.list:
+        for i, overrides in enumerate(todo):
+            print(f"{i}\t{' '.join(overrides)}")
+        return 0
+    index = args.index if args.index is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
+    if index is None or not 0 <= int(index) < len(todo):
+        sys.stderr.write(f"hpcfl: error: pick a point 0..{len(todo) - 1} with --index (or run as a SLURM array task); "
+                         f"--list shows them\n")
+        return 2
+    from hpcfl.launch import main as launch
+
+    return launch([args.job, *(a for o in todo[int(index)] for a in ("--set", o)), *launch_args], allow_sweep=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Checkpoint and resume: a run stopped by a signal, or killed, and started again gives exactly the
+metrics of the uninterrupted run, on 1 process and on 3 ranks; a damaged newest checkpoint falls
+back to the one before it; a checkpoint that holds more than tensors is refused, not run."""
+import os
+import pickle
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpcfl.checkpoint import MANIFEST, checkpoint_root
+from hpcfl.config import load_job
+from hpcfl.launch import main
+from hpcfl.metrics import read_run
+
+TIMING = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "round/match_s/")
+JOB = """
+[run]
+study = "resume"
+rounds = 6
+checkpoint_every = 2
+[data]
+dataset = "digits"
+num_clients = 6
+partition = "dirichlet"
+partition_params = { beta = 0.5 }
+local_test_ratio = 0.3
+[model]
+name = "fmnist_cnn"
+[train]
+clients_per_round = 4
+batch_size = 16
+lr = 0.05
+momentum = 0.5
+"""
+
+
+def _job(tmp_path, algorithm="scaffold"):
+    path = tmp_path / f"{algorithm}.toml"
+    path.write_text(JOB + f'[algorithm]\nname = "{algorithm}"\n')
+    return path
+
+
+def _args(job, tmp_path, name):
+    return [str(job), "--results-root", str(tmp_path / "results"), "--set", f"run.name={name!r}"]
+
+
+def _interrupt(job, tmp_path, name, after_round: int, sig) -> int:
+    """Launch the job, send `sig` once round `after_round` is logged; the exit status."""
+    proc = subprocess.Popen([sys.executable, "-m", "hpcfl.launch", *_args(job, tmp_path, name)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith(f"round {after_round:>4}/"):
+            proc.send_signal(sig)
+    return proc.wait(timeout=120)
+
+
+def _metrics(path):
+    return {k: v for k, v in read_run(path).arrays.items() if not k.startswith(TIMING)}
+
+
+def _same(one, other):
+    assert sorted(one) == sorted(other)
+    for key in one:
+        np.testing.assert_array_equal(one[key], other[key], err_msg=key)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path, capsys):
+    job = _job(tmp_path, algorithm)
+    assert main(_args(job, tmp_path, "full")) == 0
+    assert _interrupt(job, tmp_path, "cut", 3, signal.SIGUSR1) == 3          # checkpointed, asks to be requeued
+    path = load_job(job, [f"run.results_root={str(tmp_path / 'results')!r}", "run.name='cut'"]).result_path
+    stopped = read_run(path)
+    assert stopped.attrs["status"] == "interrupted" and len(stopped.arrays["round/test_acc"]) < 6
+    assert main(_args(job, tmp_path, "cut")) == 0
+    assert "resuming after round" in capsys.readouterr().out
+    _same(_metrics(path.with_name("full.h5")), _metrics(path))
+    assert read_run(path).attrs["status"] == "completed" and not checkpoint_root(path).exists()
+    assert main(_args(job, tmp_path, "cut")) == 0                            # complete: nothing to do
+    assert "already complete" in capsys.readouterr().out
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint_and_redoes_later_rounds(tmp_path, capsys):
+    job = _job(tmp_path)
+    assert main(_args(job, tmp_path, "full")) == 0
+    assert _interrupt(job, tmp_path, "cut", 3, signal.SIGKILL) == -signal.SIGKILL
+    path = tmp_path / "results" / "resume" / "cut.h5"
+    assert read_run(path).attrs["status"] == "running"
+    assert main(_args(job, tmp_path, "cut")) == 0
+    assert "resuming after round 2 " in capsys.readouterr().out           # round 3 is done again
+    _same(_metrics(tmp_path / "results" / "resume" / "full.h5"), _metrics(path))
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
+    job = _job(tmp_path)
+    assert main(_args(job, tmp_path, "full")) == 0
+    assert _interrupt(job, tmp_path, "cut", 3, signal.SIGUSR1) == 3
+    root = checkpoint_root(tmp_path / "results" / "resume" / "cut.h5")
+    newest = sorted(root.glob("round-*"))[-1]
+    (newest / "server.pt").write_bytes(b"half a file")
+    (root / "round-000005.partial").mkdir()                                # a write that never finished
+    assert main(_args(job, tmp_path, "cut")) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint {newest} is damaged" in out and "resuming after round 2 " in out
+    _same(_metrics(tmp_path / "results" / "resume" / "full.h5"), _metrics(tmp_path / "results" / "resume" / "cut.h5"))
+
+
+class _Exploit:
+    def __reduce__(self):
+        return os.system, ("touch exploited",)
+
+
+def test_a_checkpoint_holding_more_than_tensors_is_refused_not_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = _job(tmp_path)
+    assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
+    newest = sorted(checkpoint_root(tmp_path / "results" / "resume" / "cut.h5").glob("round-*"))[-1]
+    data = pickle.dumps({"model.conv.0.weight": _Exploit()})
+    (newest / "server.pt").write_bytes(data)
+    manifest = (newest / MANIFEST).read_text()
+    import hashlib
+    import json
+    files = json.loads(manifest)
+    files["files"]["server.pt"] = hashlib.sha256(data).hexdigest()          # even with a matching checksum
+    (newest / MANIFEST).write_text(json.dumps(files))
+    assert main(_args(job, tmp_path, "cut")) == 2
+    assert "holds more than tensors" in capsys.readouterr().err
+    assert not (tmp_path / "exploited").exists()
+
+
+def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys):
+    job = _job(tmp_path)
+    assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
+    assert main([*_args(job, tmp_path, "cut"), "--set", "train.lr=0.1"]) == 2
+    assert "another configuration" in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path):
+    from mpi4py import MPI
+
+    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.resume import STOP
+    from hpcfl.transport.mpi import MpiTransport
+
+    comm = MPI.COMM_WORLD
+    base = comm.bcast(str(tmp_path), root=0)
+    job_file = _job(tmp_path, algorithm) if comm.Get_rank() == 0 else None
+    job_file = comm.bcast(str(job_file), root=0)
+
+    def execute(name, stop_after=None) -> bool:
+        config = load_job(job_file, [f"run.results_root={base + '/results'!r}", f"run.name={name!r}"])
+        transport = MpiTransport({}, comm)
+        log = (lambda text: STOP.set() if text.startswith(f"round {stop_after:>4}/") else None) if stop_after else print
+        job = setup(config, transport, None, log=log if transport.is_server else (lambda text: None))
+        finished = run(job, log if transport.is_server else (lambda text: None))
+        STOP.clear()
+        if job.recorder:
+            job.recorder.set_attr("status", "completed" if finished else "interrupted")
+            job.recorder.close()
+        transport.close()
+        return finished
+
+    assert execute("full")
+    assert not execute("cut", stop_after=3)          # rank 0 alone is signalled: every rank stops
+    assert execute("cut")
+    try:
+        if comm.Get_rank() == 0:
+            results = tmp_path / "results" / "resume"
+            _same(_metrics(results / "full.h5"), _metrics(results / "cut.h5"))
+    finally:
+        comm.Barrier()

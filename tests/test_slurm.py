@@ -1,0 +1,127 @@
+"""The SLURM scripts on a real single-node SLURM cluster (Debian's slurmctld/slurmd/munge, started
+by slurm/local-cluster.sh; CI installs them): the MPI job on 3 tasks gives the one-process numbers,
+a sweep runs as a job array, a job signalled with USR1 checkpoints, requeues itself and finishes with
+the metrics of an uninterrupted run, and srun without an MPI plugin is refused with the fix."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcfl.launch import main
+from hpcfl.metrics import read_run
+
+SLURM = Path(__file__).resolve().parent.parent / "slurm"
+TIMING = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "placement")
+JOB = """
+[run]
+study = "slurm"
+rounds = 6
+checkpoint_every = 2
+[data]
+dataset = "digits"
+num_clients = 6
+partition = "dirichlet"
+partition_params = { beta = 0.5 }
+[model]
+name = "fmnist_cnn"
+[train]
+clients_per_round = 4
+batch_size = 16
+lr = 0.05
+[algorithm]
+name = "scaffold"
+"""
+
+pytestmark = pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
+                                reason="needs root and Debian's slurmctld, slurmd, munge (CI installs them)")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = tmp_path_factory.mktemp("slurm")
+    subprocess.run([SLURM / "local-cluster.sh", "start", state], check=True, timeout=60)
+    env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf"), "HPCFL_SLURM": str(SLURM),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    yield env
+    subprocess.run([SLURM / "local-cluster.sh", "stop", state], timeout=60)
+
+
+def _sbatch(env, tmp_path, *args, wait=True, status=0) -> str:
+    """Submit a 3-task job; with `wait`, until it ends with exit `status`. Returns the job id."""
+    out = subprocess.run(["sbatch", "--parsable", *(["--wait"] if wait else []), "-n", "3",
+                          "-o", str(tmp_path / "slurm-%j.out"), *map(str, args)],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == status, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def _until(predicate, timeout, what):
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _metrics(path):
+    return {k: v for k, v in read_run(path).arrays.items() if not k.startswith(TIMING)}
+
+
+def _same(one, other):
+    assert sorted(one) == sorted(other)
+    for key in one:
+        np.testing.assert_allclose(one[key], other[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
+
+
+def _local_run(job, tmp_path, name, *overrides):
+    assert main([str(job), "--results-root", str(tmp_path / "results"), "--set", f"run.name={name!r}",
+                 *(a for o in overrides for a in ("--set", o))]) == 0
+    return _metrics(tmp_path / "results" / "slurm" / f"{name}.h5")
+
+
+def test_the_mpi_job_on_three_tasks_gives_the_one_process_numbers(cluster, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB)
+    _sbatch(cluster, tmp_path, SLURM / "hpcfl.sbatch", job, "--results-root", tmp_path / "results",
+            "--set", "run.name='mpi'")
+    result = read_run(tmp_path / "results" / "slurm" / "mpi.h5")
+    assert result.attrs["status"] == "completed" and result.attrs["world_size"] == 3
+    _same(_local_run(job, tmp_path, "one"), _metrics(tmp_path / "results" / "slurm" / "mpi.h5"))
+
+
+def test_a_sweep_runs_as_a_job_array(cluster, tmp_path):
+    job = tmp_path / "sweep.toml"
+    job.write_text(JOB.replace("rounds = 6", "rounds = 2") + '[sweep]\ngrid = { "train.lr" = [0.05, 0.1] }\n')
+    _sbatch(cluster, tmp_path, "--array=0-1", SLURM / "sweep.sbatch", job, "--results-root", tmp_path / "results")
+    for name in ("sweep-0.05-seed0", "sweep-0.1-seed0"):
+        assert read_run(tmp_path / "results" / "slurm" / f"{name}.h5").attrs["status"] == "completed"
+
+
+def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics(cluster, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.replace("rounds = 6", "rounds = 12"))
+    jid = _sbatch(cluster, tmp_path, SLURM / "hpcfl.sbatch", job, "--results-root", tmp_path / "results",
+                  "--set", "run.name='requeued'", wait=False)
+    log = tmp_path / f"slurm-{jid}.out"
+    _until(lambda: log.exists() and "round    3/" in log.read_text(), 120, "round 3")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", jid], env=cluster, check=True, timeout=30)
+    _until(lambda: "hpcfl: wrote" in log.read_text(), 240, "the requeued job to finish")
+    text = log.read_text()
+    assert "requeueing job" in text and "resuming after round" in text
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=cluster, capture_output=True, text=True).stdout
+    assert "Restarts=1" in shown
+    _same(_local_run(job, tmp_path, "straight"), _metrics(tmp_path / "results" / "slurm" / "requeued.h5"))
+
+
+def test_srun_without_an_mpi_plugin_is_refused_with_the_fix(cluster, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB)
+    _sbatch(cluster, tmp_path, "--wrap", f"srun --mpi=none {sys.executable} -m hpcfl.launch {job} "
+            f"--results-root {tmp_path / 'results'}", status=2)
+    text = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert "srun ran without an MPI plugin" in text and "--mpi=pmi2" in text
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,73 @@
+"""Sweeps: a grid times seeds expands deterministically into named points; a point runs by index or
+by SLURM array task id, writes its own result file, and is skipped once complete."""
+import pytest
+
+from hpcfl.config import read_job_file
+from hpcfl.launch import main as launch
+from hpcfl.metrics import read_run
+from hpcfl.sweep import main, points
+
+SWEEP = """
+[run]
+study = "grid"
+rounds = 2
+[data]
+dataset = "digits"
+num_clients = 4
+partition = "dirichlet"
+partition_params = { beta = 0.5 }
+[model]
+name = "fmnist_cnn"
+[train]
+clients_per_round = 2
+batch_size = 32
+[sweep]
+seeds = [0, 1]
+grid = { "algorithm.name" = ["fedavg", "fedprox"], "data.partition_params.beta" = [0.1, 0.5] }
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP)
+    return path
+
+
+def test_points_expand_keys_in_order_with_seeds_last(job):
+    todo = points(read_job_file(job))
+    assert len(todo) == 8
+    assert todo[0] == ['algorithm.name="fedavg"', "data.partition_params.beta=0.1", "run.seed=0",
+                       'run.name="sweep-fedavg-0.1-seed0"']
+    assert todo[1][-1] == 'run.name="sweep-fedavg-0.1-seed1"'
+    assert todo[2][-1] == 'run.name="sweep-fedavg-0.5-seed0"'
+    assert todo[7][-1] == 'run.name="sweep-fedprox-0.5-seed1"'
+    assert len({p[-1] for p in todo}) == 8                  # one result file per point
+
+
+def test_list_prints_every_point_with_its_index(job, capsys):
+    assert main([str(job), "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 8 and lines[5].startswith("5\t") and "fedprox" in lines[5]
+
+
+def test_a_point_runs_by_array_task_id_once(job, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "5")
+    assert main([str(job), "--results-root", str(tmp_path / "results")]) == 0
+    result = read_run(tmp_path / "results" / "grid" / "sweep-fedprox-0.1-seed1.h5")
+    assert result.attrs["status"] == "completed"
+    assert result.attrs["config"]["algorithm"]["name"] == "fedprox" and result.attrs["config"]["run"]["seed"] == 1
+    capsys.readouterr()
+    assert main([str(job), "--results-root", str(tmp_path / "results")]) == 0     # re-submitted: skipped
+    assert "already complete" in capsys.readouterr().out
+
+
+def test_bad_sweeps_and_direct_launches_are_refused_by_name(job, tmp_path, capsys):
+    assert main([str(job), "--index", "8"]) == 2
+    assert "0..7" in capsys.readouterr().err
+    assert launch([str(job)]) == 2
+    assert "python -m hpcfl.sweep" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SWEEP.replace('seeds = [0, 1]', 'seeds = "0"'))
+    assert main([str(bad), "--list"]) == 2
+    assert "sweep.seeds" in capsys.readouterr().err
