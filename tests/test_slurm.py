@@ -9,14 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from helpers import assert_same_metrics, run_metrics
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 
 SLURM = Path(__file__).resolve().parent.parent / "slurm"
-TIMING = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "placement")
 JOB = """
 [run]
 study = "slurm"
@@ -67,20 +66,10 @@ def _until(predicate, timeout, what):
         time.sleep(0.2)
 
 
-def _metrics(path):
-    return {k: v for k, v in read_run(path).arrays.items() if not k.startswith(TIMING)}
-
-
-def _same(one, other):
-    assert sorted(one) == sorted(other)
-    for key in one:
-        np.testing.assert_allclose(one[key], other[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
-
-
 def _local_run(job, tmp_path, name, *overrides):
     assert main([str(job), "--results-root", str(tmp_path / "results"), "--set", f"run.name={name!r}",
                  *(a for o in overrides for a in ("--set", o))]) == 0
-    return _metrics(tmp_path / "results" / "slurm" / f"{name}.h5")
+    return run_metrics(tmp_path / "results" / "slurm" / f"{name}.h5")
 
 
 def test_the_mpi_job_on_three_tasks_gives_the_one_process_numbers(cluster, tmp_path):
@@ -90,7 +79,7 @@ def test_the_mpi_job_on_three_tasks_gives_the_one_process_numbers(cluster, tmp_p
             "--set", "run.name='mpi'")
     result = read_run(tmp_path / "results" / "slurm" / "mpi.h5")
     assert result.attrs["status"] == "completed" and result.attrs["world_size"] == 3
-    _same(_local_run(job, tmp_path, "one"), _metrics(tmp_path / "results" / "slurm" / "mpi.h5"))
+    assert_same_metrics(_local_run(job, tmp_path, "one"), run_metrics(tmp_path / "results" / "slurm" / "mpi.h5"))
 
 
 def test_a_sweep_runs_as_a_job_array(cluster, tmp_path):
@@ -114,7 +103,7 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics
     assert "requeueing job" in text and "resuming after round" in text
     shown = subprocess.run(["scontrol", "show", "job", jid], env=cluster, capture_output=True, text=True).stdout
     assert "Restarts=1" in shown
-    _same(_local_run(job, tmp_path, "straight"), _metrics(tmp_path / "results" / "slurm" / "requeued.h5"))
+    assert_same_metrics(_local_run(job, tmp_path, "straight"), run_metrics(tmp_path / "results" / "slurm" / "requeued.h5"))
 
 
 def test_srun_without_an_mpi_plugin_is_refused_with_the_fix(cluster, tmp_path):

@@ -4,9 +4,9 @@ with per-client state, partial participation and personalised evaluation. Runs u
 
     mpirun -np 3 python -m pytest --with-mpi -m mpi tests/runtime/test_equivalence.py
 """
-import numpy as np
 import pytest
 
+from helpers import assert_same_metrics, run_metrics
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import apply_overrides, job_from_dict
 from hpcfl.metrics import read_run
@@ -14,7 +14,6 @@ from hpcfl.runtime.job import run, setup
 
 pytestmark = pytest.mark.mpi
 
-TIMING = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "round/match_s/")
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds
           "fedfm_lite": {"start_round": 1, "weight": 1.0, "model_every": 2}}
 HETEROGENEOUS = {"local_only", "fedclassavg", "fedproto"}      # clients of two architectures side by side
@@ -42,11 +41,6 @@ def _execute(config, transport):
     transport.close()
 
 
-def _metrics(path):
-    arrays = read_run(path).arrays
-    return {k: v for k, v in arrays.items() if not k.startswith(TIMING) and k != "placement"}
-
-
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
     from mpi4py import MPI
@@ -60,11 +54,9 @@ def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
     try:                                   # the other ranks wait at the barrier even if rank 0's checks fail
         if comm.Get_rank() == 0:
             _execute(_job(algorithm, root, "one"), LocalTransport({}))
-            one, ranks = _metrics(tmp_path / "eq" / "one.h5"), _metrics(tmp_path / "eq" / "ranks.h5")
-            assert sorted(one) == sorted(ranks)
+            one, ranks = run_metrics(tmp_path / "eq" / "one.h5"), run_metrics(tmp_path / "eq" / "ranks.h5")
             assert "client/local_test_acc" in one and "client/val_acc" in one
-            for key in one:
-                np.testing.assert_allclose(one[key], ranks[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
+            assert_same_metrics(one, ranks)
             state = read_run(tmp_path / "eq" / "ranks.h5").arrays["rank/client_state_bytes"]
             assert (state[:, 0] == 0).all() or comm.Get_size() == 1           # the server hosts no client
     finally:

@@ -7,15 +7,14 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
+from helpers import assert_same_metrics, run_metrics
 from hpcfl.checkpoint import MANIFEST, checkpoint_root
 from hpcfl.config import load_job
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 
-TIMING = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "round/match_s/")
 JOB = """
 [run]
 study = "resume"
@@ -57,16 +56,6 @@ def _interrupt(job, tmp_path, name, after_round: int, sig) -> int:
     return proc.wait(timeout=120)
 
 
-def _metrics(path):
-    return {k: v for k, v in read_run(path).arrays.items() if not k.startswith(TIMING)}
-
-
-def _same(one, other):
-    assert sorted(one) == sorted(other)
-    for key in one:
-        np.testing.assert_array_equal(one[key], other[key], err_msg=key)
-
-
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path, capsys):
     job = _job(tmp_path, algorithm)
@@ -77,7 +66,7 @@ def test_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm,
     assert stopped.attrs["status"] == "interrupted" and len(stopped.arrays["round/test_acc"]) < 6
     assert main(_args(job, tmp_path, "cut")) == 0
     assert "resuming after round" in capsys.readouterr().out
-    _same(_metrics(path.with_name("full.h5")), _metrics(path))
+    assert_same_metrics(run_metrics(path.with_name("full.h5")), run_metrics(path), exact=True)
     assert read_run(path).attrs["status"] == "completed" and not checkpoint_root(path).exists()
     assert main(_args(job, tmp_path, "cut")) == 0                            # complete: nothing to do
     assert "already complete" in capsys.readouterr().out
@@ -91,7 +80,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_redoes_later_rounds(t
     assert read_run(path).attrs["status"] == "running"
     assert main(_args(job, tmp_path, "cut")) == 0
     assert "resuming after round 2 " in capsys.readouterr().out           # round 3 is done again
-    _same(_metrics(tmp_path / "results" / "resume" / "full.h5"), _metrics(path))
+    assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(path), exact=True)
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
@@ -105,7 +94,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys)
     assert main(_args(job, tmp_path, "cut")) == 0
     out = capsys.readouterr().out
     assert f"checkpoint {newest} is damaged" in out and "resuming after round 2 " in out
-    _same(_metrics(tmp_path / "results" / "resume" / "full.h5"), _metrics(tmp_path / "results" / "resume" / "cut.h5"))
+    assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(tmp_path / "results" / "resume" / "cut.h5"), exact=True)
 
 
 class _Exploit:
@@ -171,6 +160,6 @@ def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(
     try:
         if comm.Get_rank() == 0:
             results = tmp_path / "results" / "resume"
-            _same(_metrics(results / "full.h5"), _metrics(results / "cut.h5"))
+            assert_same_metrics(run_metrics(results / "full.h5"), run_metrics(results / "cut.h5"), exact=True)
     finally:
         comm.Barrier()
