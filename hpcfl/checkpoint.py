@@ -74,7 +74,9 @@ def save(root: Path, rounds_done: int, transport, server_state: dict | None, sha
     if final.exists():                    # an earlier attempt at the same round (a rerun): replace it
         shutil.rmtree(final)
     os.replace(partial, final)
-    for old in sorted(root.glob("round-*"))[:-keep] if keep > 0 else []:
+    complete = sorted(d for d in root.glob("round-*") if d.suffix != ".partial")
+    stale = list(root.glob("round-*.partial"))          # left by a rank killed while writing
+    for old in complete[:-keep] + stale:
         shutil.rmtree(old, ignore_errors=True)
 
 

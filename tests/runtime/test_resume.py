@@ -88,6 +88,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys)
     assert main(_args(job, tmp_path, "full")) == 0
     assert _interrupt(job, tmp_path, "cut", 3, signal.SIGUSR1) == 3
     root = checkpoint_root(tmp_path / "results" / "resume" / "cut.h5")
+    assert len(list(root.glob("round-*"))) == 2                           # run.checkpoint_keep
     newest = sorted(root.glob("round-*"))[-1]
     (newest / "server.pt").write_bytes(b"half a file")
     (root / "round-000005.partial").mkdir()                                # a write that never finished
