@@ -25,12 +25,13 @@ class RunData:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def read_run(path) -> RunData:
-    """Load a whole result file; any file that is not a valid hpcfl result raises ResultsError."""
+def read_run(path, keys=None) -> RunData:
+    """Load a result file (only the arrays named in `keys`, if given); any file that is not a valid
+    hpcfl result raises ResultsError."""
     path = Path(path)
     try:
-        with h5py.File(path, "r") as file:
-            return _read(path, file)
+        with h5py.File(path, "r", locking=False) as file:
+            return _read(path, file, None if keys is None else set(keys))
     except FileNotFoundError:
         raise ResultsError(f"result file {path} does not exist") from None
     except (OSError, KeyError, ValueError) as err:
@@ -40,7 +41,7 @@ def read_run(path) -> RunData:
         ) from None
 
 
-def _read(path: Path, file: h5py.File) -> RunData:
+def _read(path: Path, file: h5py.File, keys: set | None) -> RunData:
     if "schema_version" not in file.attrs:
         raise ResultsError(f"{path} has no schema_version attribute; it was not written by hpcfl")
     version = int(file.attrs["schema_version"])
@@ -62,10 +63,16 @@ def _read(path: Path, file: h5py.File) -> RunData:
         if isinstance(item, h5py.Dataset):
             arrays[name] = item[:rounds] if item.attrs.get("axis0") == ROUND_AXIS else item[()]
 
-    file.visititems(collect)
+    if keys is None:
+        file.visititems(collect)
+    else:
+        for name in keys:
+            if name in file:
+                collect(name, file[name])
     return RunData(attrs=attrs, rounds=rounds, arrays=arrays)
 
 
 def _plain(value):
     """numpy scalars to Python scalars, so attrs compare and serialise like the dict written."""
     return value.item() if isinstance(value, np.generic) else value
+

@@ -1,0 +1,85 @@
+"""Result files -> pandas. A folder of runs may mix finished, running, interrupted and crashed ones:
+every readable file contributes its committed rounds and its status, and a file that cannot be read
+is reported by name instead of stopping the analysis."""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hpcfl.errors import ResultsError
+from hpcfl.metrics import read_run
+
+SEED_KEYS = ("run.seed", "run.name")        # what differs between the seeds of one setting
+
+
+@dataclass
+class Results:
+    runs: pd.DataFrame            # one row per readable file: path, status, rounds, config keys ("algorithm.name", ...)
+    series: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)   # path -> metric -> per-round values
+    problems: list[str] = field(default_factory=list)                        # files not read, and why
+
+    @property
+    def incomplete(self) -> pd.DataFrame:
+        return self.runs[self.runs["status"] != "completed"]
+
+
+def find_files(paths) -> list[Path]:
+    """The .h5 files named, and those under the folders named, sorted."""
+    found = []
+    for path in map(Path, paths):
+        found += sorted(path.rglob("*.h5")) if path.is_dir() else [path]
+    return found
+
+
+def flatten(config: dict, prefix: str = "") -> dict:
+    """{"data": {"partition_params": {"beta": 0.5}}} -> {"data.partition_params.beta": 0.5}."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = str(value) if isinstance(value, (list, dict)) else value
+    return out
+
+
+def load(paths, metrics=("round/test_acc",), prefixes=()) -> Results:
+    """Read the files (and folders) `paths`, keeping each run's datasets named in `metrics`
+    ("round/test_acc", "final/feature_nmi", ...) and those whose names start with `prefixes`."""
+    prefixes = tuple(prefixes)
+    rows, series, problems = [], {}, []
+    for path in find_files(paths):
+        try:
+            run = read_run(path, keys=None if prefixes else metrics)
+        except ResultsError as err:
+            problems.append(str(err))
+            continue
+        rows.append({"path": str(path), "status": run.attrs.get("status", "running"), "rounds": run.rounds,
+                     **flatten(run.attrs.get("config", {}))})
+        series[str(path)] = {name: np.atleast_1d(np.asarray(value, dtype=float)) for name, value in run.arrays.items()
+                             if name in metrics or (prefixes and name.startswith(prefixes))}
+    return Results(pd.DataFrame(rows), series, problems)
+
+
+def bytes_exchanged(metrics: dict[str, np.ndarray]) -> np.ndarray:
+    """Cumulative bytes sent and received up to each round, every payload and direction."""
+    parts = [v for k, v in metrics.items() if k.startswith(("round/bytes_up/", "round/bytes_down/", "round/bytes_exchange/"))]
+    return np.cumsum(np.nansum(parts, axis=0)) if parts else np.zeros(0)
+
+
+def tidy(results: Results) -> pd.DataFrame:
+    """One row per run x round x metric: path, round, metric, value, and the run's config keys."""
+    frames = []
+    for path, metrics in results.series.items():
+        for metric, values in metrics.items():
+            frames.append(pd.DataFrame({"path": path, "round": np.arange(len(values)), "metric": metric,
+                                        "value": values}))
+    long = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["path", "round", "metric", "value"])
+    return long.merge(results.runs, on="path", how="left")
+
+
+def varying_keys(runs: pd.DataFrame) -> list[str]:
+    """The config keys whose value differs between runs, seeds aside: the natural grouping."""
+    keys = [c for c in runs.columns if "." in c and c not in SEED_KEYS and c != "run.results_root"]
+    return [k for k in keys if runs[k].dropna().astype(str).nunique() > 1]

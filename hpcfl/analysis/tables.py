@@ -1,0 +1,130 @@
+"""The papers' tables from loaded results, grouped by any config keys and aggregated over seeds:
+final and best accuracy (FedFM Tables II-III, FedCME Table II; any recorded metric, e.g. the final
+feature NMI of FedFM Table IV), rounds to reach a target with the speed-up over a baseline (FedKA
+Table 2), personalised accuracy across clients (FedClassAvg Table 2), the forgetting degree per
+class (FedKA eq. 1), and where the time and bytes went; rendered as Markdown, CSV or LaTeX."""
+import numpy as np
+import pandas as pd
+
+from hpcfl.analysis.results import Results
+
+
+def _final(values: np.ndarray) -> float:
+    """The last evaluated value (rounds without evaluation are NaN)."""
+    finite = values[np.isfinite(values)]
+    return float(finite[-1]) if len(finite) else np.nan
+
+
+def _first_reaching(values: np.ndarray, target: float) -> float:
+    """The 1-based round whose value first reaches `target`, NaN if none does."""
+    hits = np.flatnonzero(np.nan_to_num(values, nan=-np.inf) >= target)
+    return float(hits[0] + 1) if len(hits) else np.nan
+
+
+def _per_run(results: Results, metric: str, fn) -> pd.Series:
+    return results.runs["path"].map(lambda p: fn(results.series[p][metric]) if metric in results.series[p] else np.nan)
+
+
+def summary(results: Results, by: list[str], metric: str = "round/test_acc") -> pd.DataFrame:
+    """Per group of `by` keys: runs, final and best `metric` (mean and std over the group's runs)."""
+    runs = results.runs.assign(final=_per_run(results, metric, _final),
+                               best=_per_run(results, metric, lambda v: float(np.nanmax(v)) if np.isfinite(v).any() else np.nan))
+    table = _grouped(runs, by).agg(runs=("path", "size"), final_mean=("final", "mean"), final_std=("final", lambda s: s.std(ddof=0)),
+                        best_mean=("best", "mean"), best_std=("best", lambda s: s.std(ddof=0)))
+    return table.reset_index()
+
+
+def rounds_to_target(results: Results, target: float, by: list[str], baseline: dict | None = None,
+                     metric: str = "round/test_acc") -> pd.DataFrame:
+    """Per group: runs, how many reached `target`, their mean rounds to it, and the speed-up
+    (baseline's mean rounds / the group's) when `baseline` ({key: value}) names the reference group."""
+    runs = results.runs.assign(to_target=_per_run(results, metric, lambda v: _first_reaching(v, target)))
+    table = _grouped(runs, by).agg(runs=("path", "size"), reached=("to_target", "count"),
+                                   rounds_mean=("to_target", "mean")).reset_index()
+    if baseline:
+        chosen = np.logical_and.reduce([table[k].astype(str) == str(v) for k, v in baseline.items()])
+        if not chosen.any():
+            raise ValueError(f"no group matches the baseline {baseline}; groups: {table[by].to_dict('records')}")
+        table["speedup"] = float(table.loc[chosen, "rounds_mean"].iloc[0]) / table["rounds_mean"]
+    return table
+
+
+def _grouped(runs: pd.DataFrame, by: list[str]):
+    return runs.groupby(by, dropna=False, sort=True) if by else runs.assign(all="all").groupby("all")
+
+
+def personalised(results: Results, by: list[str]) -> pd.DataFrame:
+    """Per group: the final mean personalised accuracy over the cohort's clients and its std across
+    clients, each averaged over the group's runs."""
+    runs = results.runs.assign(**{name: _per_run(results, f"round/personal_acc_{stat}", _final)
+                                  for name, stat in (("personal_mean", "mean"), ("std_across_clients", "std"))})
+    return _grouped(runs, by).agg(runs=("path", "size"), personal_mean=("personal_mean", "mean"),
+                                  std_across_clients=("std_across_clients", "mean")).reset_index()
+
+
+def forgetting(results: Results, by: list[str]) -> pd.DataFrame:
+    """Per group and class: FedKA's forgetting degree (eq. 1) averaged over rounds and sampled clients,
+    then over the group's runs (needs runs made with eval.forgetting)."""
+    rows = []
+    for key, group in _grouped(results.runs, by):
+        per_run = [np.nanmean(results.series[p]["client_class/forgetting"], axis=(0, 1)) for p in group["path"]
+                   if "client_class/forgetting" in results.series[p]]
+        if per_run:
+            mean = np.mean(per_run, axis=0)
+            rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(per_run),
+                         **{f"class {c}": v for c, v in enumerate(mean)}, "all classes": float(np.mean(mean))})
+    return pd.DataFrame(rows)
+
+
+def time_and_bytes(results: Results, by: list[str]) -> pd.DataFrame:
+    """Per group, means over rounds and runs: seconds per round in each phase, compute and wait
+    seconds summed over ranks, and MB per run of each payload (up, down, client to client)."""
+    rows = []
+    for key, group in _grouped(results.runs, by):
+        per_run = []
+        for path in group["path"]:
+            metrics = results.series[path]
+            row = {f"{k.removeprefix('round/phase_s/')} s": np.nanmean(v) for k, v in metrics.items()
+                   if k.startswith("round/phase_s/")}
+            for name in ("compute_s", "wait_s"):
+                if f"rank/{name}" in metrics:
+                    row[f"{name} (all ranks)"] = np.nanmean(metrics[f"rank/{name}"].sum(axis=1))
+            row.update({f"{k.removeprefix('round/bytes_')} MB": np.nansum(v) / 1e6 for k, v in metrics.items()
+                        if k.startswith("round/bytes_")})
+            per_run.append(row)
+        mean = pd.DataFrame(per_run).mean()
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(per_run), **mean.to_dict()})
+    return pd.DataFrame(rows)
+
+
+def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Column names and text cells, "mean ± std" pairs merged."""
+    columns, cells = [], []
+    for name in table.columns:
+        if name.endswith("_std") and name[:-4] + "_mean" in table.columns:
+            continue
+        if name.endswith("_mean") and name[:-5] + "_std" in table.columns:
+            std = table[name[:-5] + "_std"]
+            cells.append([f"{m:.4f} ± {s:.4f}" for m, s in zip(table[name], std)])
+            columns.append(name[:-5])
+        else:
+            cells.append([f"{v:.4f}" if isinstance(v, float) else str(v) for v in table[name]])
+            columns.append(name)
+    return columns, [list(row) for row in zip(*cells)]
+
+
+def render(table: pd.DataFrame, fmt: str = "md") -> str:
+    """The table as Markdown ("md"), CSV (raw numbers) or LaTeX (a tabular)."""
+    if fmt == "csv":
+        return table.to_csv(index=False)
+    columns, rows = _cells(table)
+    if fmt == "md":
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    if fmt == "latex":
+        escape = lambda text: text.replace("_", r"\_").replace("±", r"$\pm$")      # noqa: E731
+        lines = [r"\begin{tabular}{" + "l" * len(columns) + "}", r"\hline",
+                 " & ".join(escape(c) for c in columns) + r" \\", r"\hline"]
+        lines += [" & ".join(escape(c) for c in r) + r" \\" for r in rows]
+        return "\n".join(lines + [r"\hline", r"\end{tabular}"]) + "\n"
+    raise ValueError(f"format {fmt!r}: choose md, csv or latex")

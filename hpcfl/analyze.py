@@ -1,0 +1,96 @@
+"""The papers' tables and figures from result files, without writing a script:
+
+    python -m hpcfl.analyze table RESULTS... [--metric round/test_acc] [--by KEY ...] [--format md|csv|latex]
+    python -m hpcfl.analyze target RESULTS... --target 0.8 [--baseline algorithm.name=fedavg]
+    python -m hpcfl.analyze personal RESULTS...          personalised accuracy across clients
+    python -m hpcfl.analyze forgetting RESULTS...        forgetting degree per class (eval.forgetting runs)
+    python -m hpcfl.analyze time RESULTS...              seconds per phase, compute vs wait, MB per payload
+    python -m hpcfl.analyze curves RESULTS... --out FIG.png [--x round|bytes] [--metric ...]
+    python -m hpcfl.analyze partition RUN.h5 --out FIG.png
+
+RESULTS are result files or folders (searched recursively). Runs are grouped by `--by` config keys
+(default: every key whose value differs between runs, seeds aside) and aggregated over seeds; e.g.
+`table --metric final/feature_nmi` is FedFM's Table IV. Unfinished runs count with their committed
+rounds and are listed; unreadable files are named on stderr, not fatal.
+"""
+import argparse
+import sys
+
+from hpcfl.analysis import load, render, rounds_to_target, summary
+from hpcfl.analysis.plots import curves, partition_heatmap
+from hpcfl.analysis.results import varying_keys
+from hpcfl.analysis.tables import forgetting, personalised, time_and_bytes
+from hpcfl.errors import ResultsError
+from hpcfl.metrics import read_run
+
+# what each command reads: (dataset names, name prefixes); None: the --metric
+NEEDS = {"table": (None, ()), "target": (None, ()), "curves": (None, ("round/bytes_",)),
+         "personal": (("round/personal_acc_mean", "round/personal_acc_std"), ()),
+         "forgetting": (("client_class/forgetting",), ()), "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hpcfl.analyze", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in NEEDS:
+        sub = commands.add_parser(name)
+        sub.add_argument("results", nargs="+")
+        sub.add_argument("--by", nargs="+", default=None, help="config keys to group by, e.g. algorithm.name")
+        sub.add_argument("--metric", default="round/test_acc")
+        sub.add_argument("--format", choices=["md", "csv", "latex"], default="md")
+        if name == "target":
+            sub.add_argument("--target", type=float, required=True, help="rounds to reach this value of --metric")
+            sub.add_argument("--baseline", default=None, help="KEY=VALUE of the reference group for the speed-up")
+        if name == "curves":
+            sub.add_argument("--out", required=True, help="figure file (.png, .svg, .pdf)")
+            sub.add_argument("--x", choices=["round", "bytes"], default="round")
+    partition = commands.add_parser("partition")
+    partition.add_argument("run")
+    partition.add_argument("--out", required=True)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "partition":
+        try:
+            run = read_run(args.run, keys=["partition"])
+        except ResultsError as err:
+            sys.stderr.write(f"hpcfl: error: {err}\n")
+            return 2
+        print(partition_heatmap(run.arrays["partition"], args.out, title=str(run.attrs.get("run", ""))))
+        return 0
+    names, prefixes = NEEDS[args.command]
+    results = load(args.results, metrics=(args.metric,) if names is None else names, prefixes=prefixes)
+    for problem in results.problems:
+        sys.stderr.write(f"hpcfl: skipped: {problem}\n")
+    if results.runs.empty:
+        sys.stderr.write("hpcfl: error: no readable result files\n")
+        return 2
+    for _, run in results.incomplete.iterrows():
+        sys.stderr.write(f"hpcfl: note: {run['path']} is {run['status']} ({run['rounds']} rounds committed)\n")
+    by = args.by or varying_keys(results.runs)
+    missing = [k for k in by if k not in results.runs.columns]
+    if missing:
+        sys.stderr.write(f"hpcfl: error: --by {missing} are not config keys of these runs\n")
+        return 2
+    if args.command == "curves":
+        print(curves(results, by, args.out, args.metric, args.x))
+        return 0
+    try:
+        table = {"table": lambda: summary(results, by, args.metric),
+                 "target": lambda: rounds_to_target(results, args.target, by,
+                                                    dict([args.baseline.split("=", 1)]) if args.baseline else None,
+                                                    args.metric),
+                 "personal": lambda: personalised(results, by), "forgetting": lambda: forgetting(results, by),
+                 "time": lambda: time_and_bytes(results, by)}[args.command]()
+    except ValueError as err:
+        sys.stderr.write(f"hpcfl: error: {err}\n")
+        return 2
+    sys.stdout.write(render(table, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
