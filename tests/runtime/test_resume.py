@@ -38,7 +38,8 @@ momentum = 0.5
 
 def _job(tmp_path, algorithm="scaffold"):
     path = tmp_path / f"{algorithm}.toml"
-    path.write_text(JOB + f'[algorithm]\nname = "{algorithm}"\n')
+    text = JOB.replace("clients_per_round = 4", "clients_per_round = 6") if algorithm == "fedma" else JOB
+    path.write_text(text + f'[algorithm]\nname = "{algorithm}"\n')       # fedma: every client every round
     return path
 
 
@@ -56,7 +57,7 @@ def _interrupt(job, tmp_path, name, after_round: int, sig) -> int:
     return proc.wait(timeout=120)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedma"])      # fedma: global widths carried over
 def test_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path, capsys):
     job = _job(tmp_path, algorithm)
     assert main(_args(job, tmp_path, "full")) == 0
