@@ -250,17 +250,16 @@ def quantity_skew(labels: np.ndarray, num_clients: int, rng: np.random.Generator
 
 def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_samples: int, owners: np.ndarray,
             *, min_owner_samples: int = 0) -> list[np.ndarray]:
-    """Each client is one of the data's natural owners (a LEAF Shakespeare speaking role), drawn at
-    random among those holding >= max(min_owner_samples, min_samples) samples (FedMA: roles with at
-    least 10k samples, J = 66 of them)."""
+    """Each client is one natural owner of the data (a LEAF Shakespeare role), drawn among those with at
+    least max(min_owner_samples, min_samples) samples (FedMA: 66 roles with >= 10k samples each)."""
     _require("min_owner_samples", min_owner_samples, isinstance(min_owner_samples, int) and min_owner_samples >= 0,
              "must be an integer >= 0")
     ids, sizes = np.unique(owners, return_counts=True)
-    eligible = ids[sizes >= max(min_owner_samples, min_samples)]
+    least = max(min_owner_samples, min_samples)
+    eligible = ids[sizes >= least]
     if len(eligible) < num_clients:
-        raise DataError(f"partition 'natural' needs {num_clients} owners with >= {max(min_owner_samples, min_samples)} "
-                        f"samples but the data has {len(eligible)}; fix: use fewer clients or a lower "
-                        "data.partition_params.min_owner_samples")
+        raise DataError(f"partition 'natural' needs {num_clients} owners with >= {least} samples but the data has "
+                        f"{len(eligible)}; fix: use fewer clients or a lower data.partition_params.min_owner_samples")
     chosen = np.sort(rng.choice(eligible, num_clients, replace=False))
     return [np.flatnonzero(owners == owner) for owner in chosen]
 
