@@ -125,3 +125,13 @@ def test_augmentation_changes_training_but_not_reproducibility(tiny_job, tmp_pat
     loss = [read_run(tmp_path / "test" / f"{n}.h5").arrays["client/train_loss"] for n in "abc"]
     np.testing.assert_array_equal(loss[0], loss[1])                     # seeded per (round, client)
     assert not np.allclose(loss[0], loss[2], equal_nan=True)            # the crops really were applied
+
+
+def test_a_symbolic_link_out_of_the_results_root_is_refused(tiny_job, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "test").symlink_to(outside)                 # run.study "test" leads elsewhere
+    result = launch(tiny_job(rounds=1), "--results-root", tmp_path / "results")
+    assert result.returncode == 2 and "outside run.results_root" in result.stderr
+    assert not list(outside.iterdir())                                     # nothing written there

@@ -30,9 +30,14 @@ STOP = threading.Event()        # set by the launcher's USR1/TERM handler: check
 
 def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
     """Rank 0, before anything is built: (result file exists, rounds done, checkpoint folder). A
-    complete run raises RunCompleted; an unfinished one with the same configuration resumes from
-    its newest intact checkpoint (or from round 0 without one)."""
+    result path that a symbolic link leads out of the results root is refused; a complete run raises
+    RunCompleted; an unfinished one with the same configuration resumes from its newest intact
+    checkpoint (or from round 0 without one)."""
     path = config.result_path
+    root, target = Path(config.run.results_root).resolve(), path.resolve()
+    if not target.is_relative_to(root):
+        raise ResultsError(f"result file {path} resolves to {target}, outside run.results_root {root} (a symbolic "
+                           "link?); results stay under the results root: remove the link or choose another run.study")
     if not path.exists():
         return False, 0, None
     try:
