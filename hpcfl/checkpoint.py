@@ -113,10 +113,11 @@ def load(path: Path, name: str):
                            "move the checkpoint folder away to start the run again") from None
 
 
-def load_clients(directory: Path, hosted) -> tuple[dict[int, dict], dict[int, torch.Tensor]]:
-    """The states of the clients `hosted` here, from whichever rank wrote them, and each writer's RNG state."""
+def load_clients(directory: Path, hosted, rank: int | None = None) -> tuple[dict[int, dict], dict[int, torch.Tensor]]:
+    """The states of the clients `hosted` here and each writer's RNG state: from rank `rank`'s file
+    when given (the same topology places the same clients), else from every rank's file."""
     states, rngs = {}, {}
-    for path in sorted(directory.glob("clients-rank*.pt")):
+    for path in [directory / f"clients-rank{rank}.pt"] if rank is not None else sorted(directory.glob("clients-rank*.pt")):
         part = load(directory, path.name)
         rngs[int(path.stem.removeprefix("clients-rank"))] = part["rng"]
         states.update({c: s for c, s in part["clients"].items() if c in hosted})

@@ -37,3 +37,25 @@ def assert_same_metrics(one: dict, other: dict, exact: bool = False) -> None:
             np.testing.assert_array_equal(one[key], other[key], err_msg=key)
         else:
             np.testing.assert_allclose(one[key], other[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
+
+
+# A short digits job that checkpoints every 2 rounds: the resume and SLURM tests interrupt it.
+CHECKPOINTED_JOB = """
+[run]
+study = "{study}"
+rounds = 6
+checkpoint_every = 2
+[data]
+dataset = "digits"
+num_clients = 6
+partition = "dirichlet"
+partition_params = {{ beta = 0.5 }}
+local_test_ratio = 0.3
+[model]
+name = "fmnist_cnn"
+[train]
+clients_per_round = 4
+batch_size = 16
+lr = 0.05
+momentum = 0.5
+"""

@@ -11,30 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assert_same_metrics, run_metrics
+from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 
 SLURM = Path(__file__).resolve().parent.parent / "slurm"
-JOB = """
-[run]
-study = "slurm"
-rounds = 6
-checkpoint_every = 2
-[data]
-dataset = "digits"
-num_clients = 6
-partition = "dirichlet"
-partition_params = { beta = 0.5 }
-[model]
-name = "fmnist_cnn"
-[train]
-clients_per_round = 4
-batch_size = 16
-lr = 0.05
-[algorithm]
-name = "scaffold"
-"""
+JOB = CHECKPOINTED_JOB.format(study="slurm") + '[algorithm]\nname = "scaffold"\n'
 
 pytestmark = pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
                                 reason="needs root and Debian's slurmctld, slurmd, munge (CI installs them)")

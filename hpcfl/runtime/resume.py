@@ -66,13 +66,14 @@ def restore(job, directory: Path, rounds: int, log) -> None:
     if job.server:
         job.server.state = {k: v.to(job.server.device) for k, v in load(directory, "server.pt").items()}
     if job.worker:
-        states, rngs = load_clients(directory, set(job.worker.clients))
+        same = manifest["world_size"] == job.transport.size
+        states, rngs = load_clients(directory, set(job.worker.clients), job.transport.rank if same else None)
         missing = sorted(set(job.worker.clients) - set(states))
         if missing:
             raise ResultsError(f"checkpoint {directory} has no state for clients {missing}: it belongs to another run")
         for cid, state in states.items():
             job.worker.clients[cid].state = state
-        if manifest["world_size"] == job.transport.size and job.transport.rank in rngs:
+        if same:
             torch.set_rng_state(rngs[job.transport.rank])
     job.start_round = rounds
     log(f"hpcfl: resuming after round {rounds} from {directory}")

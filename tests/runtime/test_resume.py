@@ -9,31 +9,13 @@ import sys
 
 import pytest
 
-from helpers import assert_same_metrics, run_metrics
+from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
 from hpcfl.checkpoint import MANIFEST, checkpoint_root
 from hpcfl.config import load_job
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 
-JOB = """
-[run]
-study = "resume"
-rounds = 6
-checkpoint_every = 2
-[data]
-dataset = "digits"
-num_clients = 6
-partition = "dirichlet"
-partition_params = { beta = 0.5 }
-local_test_ratio = 0.3
-[model]
-name = "fmnist_cnn"
-[train]
-clients_per_round = 4
-batch_size = 16
-lr = 0.05
-momentum = 0.5
-"""
+JOB = CHECKPOINTED_JOB.format(study="resume")
 
 
 def _job(tmp_path, algorithm="scaffold"):
