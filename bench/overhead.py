@@ -1,19 +1,28 @@
-"""Runner overhead: a FedAvg run of hpcfl vs the same local training in a plain PyTorch loop.
+"""Runner overhead: hpcfl's FedAvg against the floor, the same local training in a plain PyTorch loop.
 
-The floor trains exactly the same clients, epochs and batches (same partition, cohort schedule and
-batch order, same model and optimizer) and averages the models, with no runner around it. Both
-evaluate once, at the end. Prints each time and the ratio; with --ranks N also times
-`mpirun -np N python -m hpcfl.launch` on the same job.
+The floor trains exactly the same clients, epochs and batches (same partition, cohort schedule,
+batch order, model, optimizer and placement of clients on trainers), sums the weighted models with
+one raw MPI `Allreduce` when it runs as several processes, and evaluates once at the end, as the
+runner is told to (eval.every = rounds). Three comparisons, each printed with its ratio:
 
-    python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3]
+1. training time (the rounds only), both in this process;
+2. the whole process, start-up included: `python -m hpcfl.launch` against `python bench/overhead.py --floor`;
+3. with --ranks N: `mpirun -np N python -m hpcfl.launch` (a server and N-1 workers) against the
+   floor as N-1 concurrent processes, `mpirun -np N-1 python bench/overhead.py --floor`.
+
+    python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 3]
+
+Each figure is the best of --repeat runs (the machine's noise only ever adds time).
 """
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -22,80 +31,121 @@ from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.models import build_model
-from hpcfl.runtime.job import run, setup
-from hpcfl.seeding import cohort_schedule
-from hpcfl.seeding import torch_seed
+from hpcfl.runtime.placement import assign_clients
+from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer, evaluate
-from hpcfl.transport import LocalTransport
+
+MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 
 
-def plain_fedavg(cfg) -> float:
-    """Seconds of the floor: plain local SGD over the same batches, then a weighted average."""
+def floor(cfg, comm=None) -> float:
+    """Seconds of the rounds of plain FedAvg; this process trains the clients the runner's placement
+    gives trainer `rank` of `size`, and the weighted models are summed with one Allreduce."""
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
     data = load_dataset(cfg.data.dataset, resolve_data_root(cfg.data.root or None))
     parts = partition(data.train_y.numpy(), cfg.data.num_clients, cfg.data.partition, cfg.data.partition_params,
                       cfg.run.seed, cfg.data.min_samples)
+    mine = assign_clients(np.array([len(p) for p in parts]), list(range(size)))
     cohorts = cohort_schedule(cfg.run.seed, cfg.run.rounds, cfg.data.num_clients, cfg.train.clients_per_round)
-    xs = [data.train_x[torch.from_numpy(p)] for p in parts]
-    ys = [data.train_y[torch.from_numpy(p)] for p in parts]
+    xs = {c: data.train_x[torch.from_numpy(p)] for c, p in enumerate(parts) if mine[c] == rank}
+    ys = {c: data.train_y[torch.from_numpy(p)] for c, p in enumerate(parts) if mine[c] == rank}
     torch.manual_seed(torch_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model.name, data.input_shape, data.num_classes)
-    batches = LocalTrainer(cfg.train, cfg.run.seed).batches       # the same batch order as the runner
+    batches = LocalTrainer(cfg.train, cfg.run.seed).batches          # the runner's batch order
+    params = list(model.parameters())
     start = time.perf_counter()
-    global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    flat_global = torch.nn.utils.parameters_to_vector(params).detach().double()
     for round in range(cfg.run.rounds):
-        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in global_state.items()}
-        weight = 0
-        for c in cohorts[round]:
-            model.load_state_dict(global_state)
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
-            for idx in batches(len(ys[c]), round, int(c), "cpu"):
+        total = torch.zeros(flat_global.numel() + 1, dtype=torch.float64)
+        for c in (int(c) for c in cohorts[round] if mine[int(c)] == rank):
+            torch.nn.utils.vector_to_parameters(flat_global.float(), params)
+            opt = torch.optim.SGD(params, lr=cfg.train.lr, momentum=cfg.train.momentum)
+            for idx in batches(len(ys[c]), round, c, "cpu"):
                 opt.zero_grad()
                 F.cross_entropy(model(xs[c][idx]), ys[c][idx]).backward()
                 opt.step()
-            for k, v in model.state_dict().items():
-                total[k] += len(ys[c]) * v
-            weight += len(ys[c])
-        global_state = {k: (v / weight).float() for k, v in total.items()}
-    model.load_state_dict(global_state)
+            total[:-1] += len(ys[c]) * torch.nn.utils.parameters_to_vector(params).detach().double()
+            total[-1] += len(ys[c])
+        if comm:
+            from mpi4py import MPI
+            comm.Allreduce(MPI.IN_PLACE, total.numpy(), op=MPI.SUM)
+        flat_global = total[:-1] / total[-1]
+    torch.nn.utils.vector_to_parameters(flat_global.float(), params)
     acc = evaluate(model, data.test_x, data.test_y, data.num_classes, 1000)["acc"]
     seconds = time.perf_counter() - start
-    print(f"plain loop: {seconds:7.2f} s   final test_acc {acc:.4f}")
+    if rank == 0:
+        print(f"floor rounds_s={seconds:.3f} test_acc={acc:.4f}", flush=True)
     return seconds
 
 
-def runner_fedavg(cfg) -> float:
+def runner(cfg) -> float:
+    """Seconds of hpcfl's rounds in this process."""
+    from hpcfl.runtime.job import run, setup          # imported here: the floor's process does without them
+    from hpcfl.transport import LocalTransport
+
     job = setup(cfg, LocalTransport({}), None, log=lambda text: None)
     start = time.perf_counter()
     run(job, log=lambda text: None)
     seconds = time.perf_counter() - start
     job.recorder.close()
-    print(f"hpcfl run:  {seconds:7.2f} s   (rounds only, one process)")
     return seconds
+
+
+def timed(cmd: list[str]) -> tuple[float, str]:
+    """Wall seconds of a command and its output."""
+    start = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return time.perf_counter() - start, out.stdout
+
+
+def rounds_s(path: Path) -> float:
+    from hpcfl.metrics import read_run
+
+    return float(read_run(path).arrays["round/time_s"].sum())
+
+
+def report(label: str, ours: float, floor_s: float) -> None:
+    print(f"{label:<44} hpcfl {ours:7.2f} s   floor {floor_s:7.2f} s   ratio {ours / floor_s:.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", default="jobs/quickstart.toml")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--ranks", type=int, default=0, help="also time mpirun -np RANKS (0: skip)")
+    parser.add_argument("--ranks", type=int, default=0, help="also compare mpirun -np RANKS (0: skip)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--floor", action="store_true", help="run only the floor (used by the comparisons)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    overrides = [f"run.rounds={args.rounds}", f"eval.every={args.rounds}"]
+    if args.floor:
+        comm = None
+        if "PMI_SIZE" in os.environ:
+            from mpi4py import MPI
+            comm = MPI.COMM_WORLD
+        floor(load_job(args.job, overrides), comm)
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"run.rounds={args.rounds}", f"eval.every={args.rounds}", f"run.results_root='{tmp}'"]
-        floor = plain_fedavg(load_job(args.job, overrides))
-        ours = runner_fedavg(load_job(args.job, overrides + ['run.name="inproc"']))
-        print(f"overhead ratio (rounds):        {ours / floor:.3f}")
-        cmd = [sys.executable, "-m", "hpcfl.launch", args.job, *sum((["--set", o] for o in overrides), [])]
-        start = time.perf_counter()
-        subprocess.run(cmd + ["--set", 'run.name="cli"'], check=True, capture_output=True)
-        whole = time.perf_counter() - start
-        print(f"whole process (start-up incl.): {whole:7.2f} s   ratio {whole / floor:.3f}")
+        cfg = lambda name: load_job(args.job, overrides + [f"run.results_root='{tmp}'", f"run.name='{name}'"])  # noqa: E731
+        floor_s = min(floor(cfg("floor")) for _ in range(args.repeat))
+        ours = min(runner(cfg(f"inproc{i}")) for i in range(args.repeat))
+        report("training (rounds only, one process)", ours, floor_s)
+        sets = sum((["--set", o] for o in overrides + [f"run.results_root='{tmp}'"]), [])
+        launch = [sys.executable, "-m", "hpcfl.launch", args.job, *sets]
+        plain = [sys.executable, __file__, "--floor", "--job", args.job, "--rounds", str(args.rounds)]
+        floor_whole = min(timed(plain)[0] for _ in range(args.repeat))
+        whole = min(timed(launch + ["--set", f"run.name='cli{i}'"])[0] for i in range(args.repeat))
+        report("whole process (start-up included)", whole, floor_whole)
         if args.ranks:
-            mpirun = str(Path(sys.executable).with_name("mpirun"))
-            start = time.perf_counter()
-            subprocess.run([mpirun, "-np", str(args.ranks), *cmd, "--set", 'run.name="mpi"'], check=True,
-                           capture_output=True)
-            print(f"mpirun -np {args.ranks} whole process: {time.perf_counter() - start:7.2f} s")
+            trainers = args.ranks - 1
+            floor_runs = [timed([MPIRUN, "-np", str(trainers), *plain]) for _ in range(args.repeat)]
+            mpi_runs = [timed([MPIRUN, "-np", str(args.ranks), *launch, "--set", f"run.name='mpi{i}'"])[0]
+                        for i in range(args.repeat)]
+            floor_rounds = min(float(out.split("rounds_s=")[1].split()[0]) for _, out in floor_runs)
+            ours_rounds = min(rounds_s(Path(tmp) / cfg(f"mpi{i}").run.study / f"mpi{i}.h5") for i in range(args.repeat))
+            report(f"training, {args.ranks} ranks vs {trainers} plain processes", ours_rounds, floor_rounds)
+            report(f"whole, mpirun -np {args.ranks} vs -np {trainers} plain", min(mpi_runs),
+                   min(t for t, _ in floor_runs))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ path and the valid choices. `--set a.b=value` overrides use TOML value syntax (`
 import copy
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,6 +28,7 @@ class RunConfig:
     threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on CPU)
     checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, USR1/TERM)
     checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file
+    round_timeout_s: float = 1800.0 # a rank silent this long in a collective (hung, dead) ends the job; 0: wait forever
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class TrainConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     augment: str = "none"           # none | crop_flip (random crop after 4-px padding + flip, on the device)
+    on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf: stop the run after the round,
+                                    # or drop that client's update and go on (both record it as client/nonfinite)
+    batched_clients: int = 0        # train up to this many of a worker's sampled clients as one batched
+                                    # computation (hpcfl.batched; plain training only); 0: one after another
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,8 @@ class EvalConfig:
     batch_size: int = 1000
     forgetting: bool = False        # class-wise accuracy of the round's global model and of every trained
                                     # local model on the test set, and FedKA's forgetting degree (eq. 1)
+    feature_quality: bool = False   # after the last round, NMI and silhouette of the global model's test
+                                    # features (FedFM Table IV; K-means: about a second)
 
 
 @dataclass(frozen=True)
@@ -94,8 +102,9 @@ class JobConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def evaluates(self, round: int) -> bool:
-        """Whether the server's model is tested after `round` (every `eval.every` rounds and the last)."""
-        return round % self.eval.every == 0 or round == self.run.rounds - 1
+        """Whether the server's model is tested after `round` (0-based): after rounds k, 2k, ... of
+        eval.every = k, and after the last."""
+        return (round + 1) % self.eval.every == 0 or round == self.run.rounds - 1
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -120,23 +129,25 @@ CHOICES = {
     "train.optimizer": ("sgd", "adam"),
     "train.augment": ("none", "crop_flip"),
     "model.batchnorm": ("average", "local"),
+    "train.on_nonfinite": ("stop", "drop"),
 }
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
 NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio",
-                "run.checkpoint_every"}
+                "run.checkpoint_every", "run.round_timeout_s", "train.batched_clients"}
+NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """'train.lr=0.05' -> (['train', 'lr'], 0.05)."""
+    """'train.lr=0.05' -> (['train', 'lr'], 0.05). A VALUE that is not one TOML value is that string."""
     key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override '{text}' is not KEY=VALUE (e.g. --set train.lr=0.05)")
+    if not sep or not all(part.strip() for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not KEY=VALUE with a dotted KEY (e.g. --set train.lr=0.05)")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.strip().split("."), value
+        parsed = tomllib.loads(f"v = {raw}")   # "0.1\nx = 2" parses, but as two values: a string
+    except (ValueError, RecursionError):      # TOMLDecodeError, or an integer or nesting past Python's limits
+        parsed = {}
+    return key.strip().split("."), parsed["v"] if parsed.keys() == {"v"} else raw
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -144,10 +155,10 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     for text in overrides:
         path, value = parse_override(text)
         node = raw
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1]):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override '{text}': '{part}' is a value, not a section")
+                raise ConfigError(f"override {text!r}: {'.'.join(path[:depth + 1])} is a value, not a table")
         node[path[-1]] = value
     return raw
 
@@ -155,8 +166,13 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def _coerce(path: str, value: Any, kind: type) -> Any:
     if not isinstance(kind, type):                # e.g. list[int]: checked by the dataclass itself
         return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if kind in (int, float) and integer and not -2 ** 63 <= value < 2 ** 63:
+        raise ConfigError(f"{path} = {value} is out of range: integers have 64 bits, as in TOML")
+    if kind is float and integer:
         return float(value)
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path} = {value!r} must be a finite number")
     if kind is dict:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return {v: {} for v in value}          # a list of names: each with its default parameters
@@ -217,16 +233,22 @@ def _check_values(job: JobConfig) -> None:
         raise ConfigError(f"train.clients_per_round = {job.train.clients_per_round} exceeds "
                           f"data.num_clients = {job.data.num_clients}; lower it or add clients")
     betas = job.train.betas
-    if not isinstance(betas, list) or len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+    if not isinstance(betas, list) or len(betas) != 2 or \
+            not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"train.betas = {betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
     names = job.model.architectures
     if not isinstance(names, list) or not all(isinstance(a, str) for a in names):
         raise ConfigError(f"model.architectures = {job.model.architectures!r} must be a list of model names, "
                           f"e.g. [\"resnet18\", \"shufflenetv2\"]")
-    for key in ("run.study", "run.name"):
+    for key in ("run.study", "run.name"):                 # run.name "" stands for the derived name
         text = flat[key]
-        if "/" in text or "\\" in text or text.startswith(".") or text != text.strip():
-            raise ConfigError(f"{key} = {text!r} must be a plain name (no '/', no leading '.')")
+        if (not text and key == "run.study") or not text.isprintable() or "/" in text or "\\" in text \
+                or text.startswith(".") or text != text.strip() or len(text.encode()) > NAME_BYTES:
+            raise ConfigError(f"{key} = {text!r} must be a plain name: printable, at most {NAME_BYTES} bytes, "
+                              "without '/' or '\\', spaces around it or a leading '.'")
+    for key in ("run.results_root", "data.root"):
+        if "\0" in flat[key]:
+            raise ConfigError(f"{key} = {flat[key]!r} holds a NUL character, which no path can")
 
 
 def _check_registries(job: JobConfig) -> None:
@@ -268,12 +290,14 @@ def read_job_file(path: str | Path) -> dict:
     """The job file's TOML tables, unvalidated."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as file:                   # binary: TOML's own newlines, and UTF-8 whatever the locale
+            return tomllib.load(file)
     except FileNotFoundError:
         raise ConfigError(f"job file {path} does not exist; pass the path of a TOML job file (see jobs/)") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+    except OSError as err:
+        raise ConfigError(f"job file {path} cannot be read: {err.strerror}") from None
+    except (ValueError, RecursionError) as err:     # also not UTF-8, or an integer or nesting past Python's limits
         raise ConfigError(f"job file {path} is not valid TOML: {err}") from None
-    return raw
 
 
 def job_from_dict(raw: dict) -> JobConfig:

@@ -21,5 +21,9 @@ class ResultsError(HpcflError):
     """A result file cannot be created, or a file read back is not a valid hpcfl result."""
 
 
-class RemoteError(HpcflError):
-    """Another rank failed; carries its rank, host and traceback."""
+class PeerTimeout(HpcflError):
+    """A rank stayed silent in a collective for longer than run.round_timeout_s (hung or dead)."""
+
+
+class TrainingFault(HpcflError):
+    """A client's loss or update went NaN/Inf and train.on_nonfinite = 'stop'."""

@@ -2,13 +2,17 @@
 
 Without a launcher, one process is the server and hosts every client. Under mpirun/srun, rank 0
 is the server and ranks >= 1 host the clients. Exit status: 0 done (or already complete); 2 bad
-input (config, data, result path: reported before any rank trains); 1 a failure during training,
-after which every rank is stopped (MPI_Abort) so the job never hangs; 3 stopped at a checkpoint
-after SIGUSR1/SIGTERM (run the same command again to resume; the SLURM scripts requeue).
+input (config, data, result path, a result file another run is writing: reported before any rank
+trains); 1 a failure during training: an exception, a rank silent for run.round_timeout_s (every rank
+is then stopped with MPI_Abort, so the job never hangs), or a non-finite client update with
+train.on_nonfinite = 'stop' (an orderly stop after recording the round); 3 stopped at a checkpoint
+after SIGUSR1/SIGTERM (run the same command again to resume; the SLURM scripts requeue). After an
+orderly end only rank 0 exits non-zero, since mpiexec reports the bitwise OR of the ranks' codes.
 
 A run whose result file exists but is not complete resumes from its newest intact checkpoint.
 """
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -30,8 +34,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Run a federated-learning job described by a TOML job file (see jobs/). "
                     "Without mpirun one process does everything; with `mpirun -np N`, rank 0 is the "
                     "server and ranks 1..N-1 host the clients. Same seed, same numbers, any N.",
-        epilog="Exit status: 0 done, 2 bad input (nothing trained), 1 failure during training, "
-               "3 stopped at a checkpoint after SIGUSR1/SIGTERM (run again to resume).")
+        epilog="Exit status: 0 done, 2 bad input (nothing trained), 1 failure during training (an "
+               "exception, a rank silent for run.round_timeout_s, a NaN/Inf update with "
+               "train.on_nonfinite = 'stop'), 3 stopped at a checkpoint after SIGUSR1/SIGTERM (run again "
+               "to resume).")
     parser.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any job-file key with a TOML value, e.g. --set train.lr=0.05 "
@@ -66,11 +72,16 @@ def make_transport():
 
 
 def _abort(transport, err: BaseException) -> None:
-    """Print the failure with rank and host in one write, then end every rank."""
-    rank = getattr(transport, "rank", 0)
-    text = "".join(traceback.format_exception(err))
-    sys.stderr.write(f"hpcfl: rank {rank} on {socket.gethostname()} failed:\n{text}")
+    """Print the failure with rank and host in one write (a traceback unless hpcfl raised it on
+    purpose), then end every rank."""
+    from hpcfl.runtime.lock import release
+
+    rank, round = getattr(transport, "rank", 0), getattr(transport, "round", -1)
+    when = f"in round {round + 1}" if round >= 0 else "in set-up"
+    text = f"error: {err}\n" if isinstance(err, HpcflError) else "".join(traceback.format_exception(err))
+    sys.stderr.write(f"hpcfl: rank {rank} on {socket.gethostname()} failed {when}:\n{text}")
     sys.stderr.flush()
+    release()
     if getattr(transport, "size", 1) > 1:
         transport.comm.Abort(1)
     sys.exit(1)
@@ -78,13 +89,22 @@ def _abort(transport, err: BaseException) -> None:
 
 def main(argv=None, allow_sweep: bool = False) -> int:
     """`allow_sweep`: the job file may have a [sweep] table (hpcfl.sweep runs one of its points)."""
-    args = parse_args(argv)
+    from hpcfl.runtime.lock import release
+
+    try:
+        return _main(parse_args(argv), allow_sweep)
+    finally:
+        release()
+
+
+def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     from hpcfl.checkpoint import checkpoint_root
     from hpcfl.config import load_job
+    from hpcfl.errors import TrainingFault
     from hpcfl.runtime.job import run, setup
     from hpcfl.runtime.resume import STOP, RunCompleted
 
-    overrides = args.overrides + ([f"run.results_root={args.results_root!r}"] if args.results_root else [])
+    overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
     transport = None
     try:
         config = load_job(args.job, overrides, allow_sweep=allow_sweep)
@@ -92,6 +112,7 @@ def main(argv=None, allow_sweep: bool = False) -> int:
             print(config.to_json())
             return 0
         transport, local_rank = make_transport()
+        transport.timeout_s = config.run.round_timeout_s
         log = (lambda text: print(text, flush=True)) if transport.is_server else (lambda text: None)
         job = setup(config, transport, args.data_root, local_rank, log)
     except RunCompleted as done:
@@ -106,8 +127,13 @@ def main(argv=None, allow_sweep: bool = False) -> int:
         _abort(transport, err)
     STOP.clear()
     previous = {sig: signal.signal(sig, lambda *_: STOP.set()) for sig in STOP_SIGNALS}
+    status, code = "completed", 0
     try:
-        finished = run(job, log)
+        if not run(job, log):
+            status, code = "interrupted", EXIT_RESUME
+    except TrainingFault as err:          # every rank stops after the same round: an orderly end
+        status, code = "failed", 1
+        log(f"hpcfl: error: {err}")
     except BaseException as err:          # noqa: BLE001 — any failure must end every rank
         if job.recorder:
             job.recorder.set_attr("status", "failed")
@@ -117,15 +143,16 @@ def main(argv=None, allow_sweep: bool = False) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if job.recorder:
-        job.recorder.set_attr("status", "completed" if finished else "interrupted")
+        job.recorder.set_attr("status", status)
         job.recorder.close()
-        if finished:
+        if status == "completed":
             shutil.rmtree(checkpoint_root(config.result_path), ignore_errors=True)
             log(f"hpcfl: wrote {config.result_path}")
-        else:
+        elif status == "interrupted":
             log(f"hpcfl: stopped at a checkpoint ({config.result_path}); run the same command again to resume")
     transport.close()
-    return 0 if finished else EXIT_RESUME
+    # mpiexec returns the bitwise OR of the ranks' codes: after an orderly end only the server's counts.
+    return code if transport.is_server else 0
 
 
 if __name__ == "__main__":

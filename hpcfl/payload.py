@@ -13,6 +13,8 @@ import torch
 
 from hpcfl.errors import PayloadError
 
+CHUNK = 2 ** 22         # elements per step of add_into: its float64 temporary stays under 32 MiB
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -66,11 +68,13 @@ class Layout:
             self._check(tensors)
         offset = 0
         for name, size in zip(self.names, self.sizes):
-            part, src = flat[offset:offset + size], tensors[name].reshape(-1).to(flat.dtype)
-            if zero:
-                part.copy_(src).mul_(scale)
-            else:
-                part.add_(src, alpha=scale)
+            src = tensors[name].reshape(-1)
+            for start in range(0, size, CHUNK):           # a float32 -> float64 add would copy the whole tensor
+                part, piece = flat[offset + start:offset + min(start + CHUNK, size)], src[start:start + CHUNK]
+                if zero:
+                    part.copy_(piece).mul_(scale)
+                else:
+                    part.add_(piece.to(flat.dtype), alpha=scale)
             offset += size
 
     def unpack(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,18 +1,39 @@
-"""`python -m hpcfl.launch`, except that every client update on MPI rank 2 raises (failure tests)."""
+"""`python -m hpcfl.launch` with one injected fault (failure tests), chosen by HPCFL_FAULT:
+
+- "raise": every client update on MPI rank 2 raises;
+- "hang" / "die": MPI rank 2 stops itself (SIGSTOP: alive, never answers) / is killed (SIGKILL) in
+  its first client update of round HPCFL_FAULT_ROUND (1-based);
+- "nan": client HPCFL_FAULT_CLIENT trains on NaN inputs in round HPCFL_FAULT_ROUND, on whichever
+  rank hosts it (the same fault on any number of ranks).
+"""
 import os
+import signal
 import sys
 
+import torch
+
 from hpcfl import launch
-from hpcfl.algorithms.fedavg import FedAvg
+from hpcfl.algorithms.base import Algorithm
 
-_update = FedAvg.client_update
+_update = Algorithm.update_client
+FAULT, ROUND = os.environ["HPCFL_FAULT"], int(os.environ.get("HPCFL_FAULT_ROUND", "1")) - 1
+ON_RANK_2 = os.environ.get("PMI_RANK") == "2"
 
 
-def _failing_update(self, phase, round, client, *args):
-    if os.environ.get("PMI_RANK") == "2":
+def _faulty_update(self, phase, round, client, *args):
+    if FAULT == "raise" and ON_RANK_2:
         raise RuntimeError(f"injected failure in client {client.id}")
+    if round == ROUND and ON_RANK_2 and FAULT in ("hang", "die"):
+        os.kill(os.getpid(), signal.SIGSTOP if FAULT == "hang" else signal.SIGKILL)
+    if FAULT == "nan" and round == ROUND and client.id == int(os.environ["HPCFL_FAULT_CLIENT"]):
+        x = client.x
+        client.x = torch.full_like(x, float("nan"))
+        try:
+            return _update(self, phase, round, client, *args)
+        finally:
+            client.x = x
     return _update(self, phase, round, client, *args)
 
 
-FedAvg.client_update = _failing_update
+Algorithm.update_client = _faulty_update
 sys.exit(launch.main())

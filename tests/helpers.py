@@ -7,16 +7,20 @@ from pathlib import Path
 MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 
 
-def launch(*args, ranks: int = 0, cwd=None, timeout: float = 240, launcher=("-m", "hpcfl.launch")):
-    """Run the launcher (under `mpirun -np ranks` if ranks); a hang fails the test via the timeout."""
+FAULT_LAUNCHER = [str(Path(__file__).with_name("fault_launch.py"))]
+
+
+def launch(*args, ranks: int = 0, cwd=None, timeout: float = 240, launcher=("-m", "hpcfl.launch"), env=None):
+    """Run the launcher (under `mpirun -np ranks` if ranks) with `env` added to the environment; a
+    hang fails the test via the timeout."""
     cmd = [sys.executable, *launcher, *map(str, args)]
     if ranks:
         cmd = [MPIRUN, "-np", str(ranks), *cmd]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-TIMINGS = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "round/match_s/")
+TIMINGS = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "round/match_s/", "round/imbalance_s")
 
 
 def run_metrics(path) -> dict:

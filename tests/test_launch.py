@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from helpers import assert_same_metrics, launch, run_metrics
+from helpers import FAULT_LAUNCHER, assert_same_metrics, launch, run_metrics
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model, count_parameters
 
@@ -92,9 +92,9 @@ def test_help_documents_the_options():
 
 def test_exception_in_a_client_on_rank_2_ends_the_job(tiny_job, tmp_path):
     result = launch(tiny_job(rounds=3), "--results-root", tmp_path, ranks=3, timeout=90,
-                    launcher=[str(Path(__file__).with_name("fault_launch.py"))])
+                    launcher=FAULT_LAUNCHER, env={"HPCFL_FAULT": "raise"})
     assert result.returncode != 0
-    assert "rank 2 on " + socket.gethostname() in result.stderr
+    assert f"rank 2 on {socket.gethostname()} failed in round 1" in result.stderr
     assert "injected failure in client" in result.stderr and "in client" in result.stderr
 
 

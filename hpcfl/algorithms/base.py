@@ -19,6 +19,9 @@ The runtime calls `phases`, `make_downlink`, `aggregate_uplink`, `receive` and `
 which add FedFM's anchor phase (hpcfl.anchors) to any algorithm whose job has a feature-matching
 term, and otherwise hand over to the hooks above.
 
+An algorithm whose `client_update` is plain training from the downlinked model sets `batched`, and
+its workers may then train the sampled clients together (train.batched_clients, hpcfl.batched).
+
 Uplinks are *contributions* `(tensors, weight)`: the runtime adds `weight * tensors` into one
 float64 buffer per payload, in a fixed client order, and the reduction sums workers' buffers. So
 an algorithm sends `weight * value` (plus the scalar WEIGHT if it needs the normaliser) and divides
@@ -34,6 +37,7 @@ import torch
 from torch import nn
 
 from hpcfl.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
+from hpcfl.batched import check_job as check_batched
 from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
@@ -112,6 +116,13 @@ class Algorithm:
     anchor_phase: ClassVar[bool] = True     # a feature-matching term adds FedFM's anchor phase to each round
     global_model: ClassVar[bool] = True     # False: no single global model (local-only, ensemble)
     heterogeneous: ClassVar[bool] = False   # clients may have different architectures (model.architectures)
+    batched: ClassVar[bool] = False         # client_update is start_from(downlink["model"]) + self.train (no terms of
+                                            # its own) + contributions, so a worker may train its clients together
+                                            # (train.batched_clients); never inherited: each class vouches for its own
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.batched = cls.__dict__.get("batched", False)
 
     @dataclass(frozen=True)
     class Params:
@@ -143,6 +154,8 @@ class Algorithm:
         matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
         if len(matching) > 1:
             raise ConfigError(f"algorithm.regularizers has {matching}: use one feature-matching term")
+        if job.train.batched_clients:
+            check_batched(job, cls)
 
     # -- what the runtime calls: the algorithm's own hooks plus the anchor phase of feature matching --
     def phases(self, round: int) -> list[Phase]:
@@ -256,6 +269,11 @@ class Algorithm:
         return {}
 
     # -- client side (the worker hosting the client) ---------------------------------------------
+    def batch_start(self, phase: Phase, downlink: dict[str, Tensors]) -> Tensors | None:
+        """The model state every sampled client starts this phase from, if they may train together
+        (hpcfl.batched, then handed to `client_update` through its trainer); None: one by one."""
+        return downlink["model"] if self.batched else None
+
     def client_model(self, client: Client, model: nn.Module) -> nn.Module:
         """The module the client trains this phase: the worker's shared instance of its architecture
         (FedMA: a copy it may resize)."""
@@ -298,16 +316,18 @@ def weighted(layout: Layout) -> Layout:
 
 
 def weighted_mean(sums: Mapping[str, torch.Tensor]) -> Tensors | None:
-    """Summed contributions divided by their summed WEIGHT; None when nobody contributed."""
+    """Summed contributions divided by their summed WEIGHT, in place (they are the phase's fresh reduce
+    buffers, and a model-sized copy would cost the server 2x the model in float64); None when nobody
+    contributed."""
     total = float(sums[WEIGHT])
     if total == 0.0:
         return None
-    return {name: value / total for name, value in sums.items() if name != WEIGHT}
+    return {name: value.div_(total) for name, value in sums.items() if name != WEIGHT}
 
 
 def assign(server_state: Tensors, prefix: str, values: Mapping[str, torch.Tensor]) -> None:
     """server_state[prefix + name] <- value, rounding for integer buffers (BatchNorm's step counter)."""
     for name, value in values.items():
         target = server_state[prefix + name]
-        target.copy_(value.to(target.dtype) if target.is_floating_point() else torch.round(value).to(target.dtype))
+        target.copy_(value if target.is_floating_point() else torch.round(value))    # copy_ converts, no temporary
 

@@ -37,6 +37,7 @@ from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTr
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    batched = True
     term: ClassVar[type[Regularizer] | None] = None      # a preset's own local term, built from Params
 
     def __init__(self, params, setup):

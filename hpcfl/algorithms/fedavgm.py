@@ -11,6 +11,7 @@ from hpcfl.algorithms.fedavg import FedAvg
 
 class FedAvgM(FedAvg):
     name = "fedavgm"
+    batched = True
 
     @dataclass(frozen=True)
     class Params:

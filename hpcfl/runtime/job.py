@@ -7,7 +7,6 @@ cohort without communication; the only messages are the declared payloads and on
 per-round report (client metrics and per-rank timings, summed onto the server).
 """
 import json
-import resource
 import socket
 import time
 from dataclasses import dataclass
@@ -18,13 +17,15 @@ import torch
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import MATCHED, Client, Setup
+from hpcfl.batched import BatchedTrainer
 from hpcfl.config import JobConfig
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, local_test_sets, partition, shared_set, validation_split
-from hpcfl.errors import ConfigError, HpcflError
+from hpcfl.errors import ConfigError, HpcflError, TrainingFault
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
+from hpcfl.runtime.memory import peak_bytes, reset_peak
 from hpcfl.runtime.placement import assign_clients, pick_device
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, control, restore, resume_point, write_checkpoint
@@ -34,7 +35,7 @@ from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer
 from hpcfl.transport import Transport
 
-CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "test_acc", "num_samples")
+CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "test_acc", "nonfinite", "num_samples")
 RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes", "client_state_bytes",
                 "max_rss_bytes")
 
@@ -151,7 +152,9 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                     clients[cid].shared = shared_xy
                 clients[cid].state = algorithm.init_client_state(clients[cid], models[clients[cid].architecture])
         trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
-        worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size)
+        batched = BatchedTrainer(trainer, model, config.train.batched_clients) if config.train.batched_clients else None
+        worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
+                        config.train.on_nonfinite == "drop", batched)
     if transport.is_server:
         server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device)
         if resume_file:
@@ -172,7 +175,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
-                "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test}
+                "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test,
+                "nonfinite": True}
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
                tuple(k for k, on in measured.items() if on))
 
@@ -198,6 +202,8 @@ def run(job: Job, log=print) -> bool:
     evaluation, start_acc = {}, None
     for round in range(job.start_round, cfg.run.rounds):
         start = time.perf_counter()
+        transport.round = round
+        reset_peak()
         cohort = [int(c) for c in job.cohorts[round]]
         rows = np.zeros((cfg.data.num_clients, len(CLIENT_METRICS)))
         class_rows = np.zeros((cfg.data.num_clients, job.num_classes)) if cfg.eval.forgetting else None
@@ -237,18 +243,33 @@ def run(job: Job, log=print) -> bool:
             _record(job, round, cohort, report, evaluation, phase_s, {"down": bytes_down, "up": bytes_up,
                                                                       "exchange": bytes_exchange},
                     time.perf_counter() - start, log)
-        save, stop = control(job, round)
+        faulty = _nonfinite(job, round, cohort, report, log) if job.server else []
+        save, stop, fault = control(job, round, bool(faulty) and cfg.train.on_nonfinite == "stop")
+        if fault:
+            raise TrainingFault(f"round {round + 1}: client(s) {faulty} gave a non-finite (NaN/Inf) loss or update, "
+                                "so the run stopped after recording the round (train.on_nonfinite = 'stop'). Fix: "
+                                "lower train.lr, or set train.on_nonfinite = 'drop' to leave such updates out and go on")
         if save:
             write_checkpoint(job, round + 1, log)
         if stop:
             return False
-    if job.server and job.algorithm.global_model:       # FedFM Table IV, for every global model
+    if job.server and job.algorithm.global_model and cfg.eval.feature_quality:      # FedFM Table IV
         quality = job.server.feature_quality(cfg.run.seed)
         for key, value in quality.items():
             job.recorder.write_array(f"final/{key}", np.float64(value))
         log(f"hpcfl: final global model's test features: NMI {quality['feature_nmi']:.4f}, "
             f"silhouette {quality['feature_silhouette']:.4f}")
     return True
+
+
+def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray, log) -> list[int]:
+    """The sampled clients whose loss or update went NaN/Inf this round (their updates were left out)."""
+    rows = _split_report(job, report)[0]
+    faulty = [c for c in cohort if rows[c, CLIENT_METRICS.index("nonfinite")] > 0]
+    if faulty and job.config.train.on_nonfinite == "drop":
+        log(f"hpcfl: warning: round {round + 1}: client(s) {faulty} gave a non-finite loss or update; "
+                "their updates were dropped (train.on_nonfinite = 'drop'; recorded as client/nonfinite)")
+    return faulty
 
 
 def _match(job: Job, phase, round: int, cohort: list[int], bytes_up: dict, bytes_down: dict) -> tuple[dict, dict]:
@@ -317,7 +338,7 @@ def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
     ranks = np.zeros((transport.size, len(RANK_METRICS)))
     compute = sum(part.compute_s for part in (job.worker, job.server) if part)
     state = job.worker.client_state_bytes() if job.worker else 0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024        # Linux reports KiB
+    peak = peak_bytes()
     ranks[transport.rank] = (compute, stats.wait_s, sum(stats.sent.values()), sum(stats.received.values()), state,
                              peak)
     for part in (job.worker, job.server):
@@ -340,7 +361,9 @@ def _record(job, round, cohort, flat, evaluation, phase_s, moved, round_s, log) 
         personal = values["client/local_test_acc"][cohort]
         values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
     samples = rows[:, CLIENT_METRICS.index("num_samples")]
-    values["round/train_loss"] = float(np.sum(rows[cohort, 0] * samples[cohort]) / np.sum(samples[cohort]))
+    trained = [c for c in cohort if np.isfinite(rows[c, 0])]        # a dropped NaN/Inf client is left out
+    values["round/train_loss"] = (float(np.sum(rows[trained, 0] * samples[trained]) / np.sum(samples[trained]))
+                                  if trained else np.nan)
     values.update(evaluation)
     for direction, by_name in moved.items():
         values.update({f"round/bytes_{direction}/{k}": float(v) for k, v in by_name.items()})
@@ -348,6 +371,8 @@ def _record(job, round, cohort, flat, evaluation, phase_s, moved, round_s, log) 
     for j, key in enumerate(RANK_METRICS):
         values[f"rank/{key}"] = ranks[:, j]
     values["round/time_s"] = round_s
+    compute = ranks[1:, RANK_METRICS.index("compute_s")] if len(ranks) > 1 else ranks[:, 0]
+    values["round/imbalance_s"] = float(compute.max() - compute.mean())     # what the average worker waits
     job.recorder.append_round(round, values)
     acc, personal = values.get("round/test_acc"), values.get("round/personal_acc_mean")
     text = "" if acc is None else f"test_acc {acc:.4f}  test_loss {values['round/test_loss']:.4f}  "

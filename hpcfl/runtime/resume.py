@@ -19,6 +19,7 @@ from hpcfl.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clien
 from hpcfl.config import JobConfig
 from hpcfl.errors import HpcflError, ResultsError
 from hpcfl.metrics import read_run
+from hpcfl.runtime.lock import claim
 
 
 class RunCompleted(HpcflError):
@@ -30,7 +31,8 @@ STOP = threading.Event()        # set by the launcher's USR1/TERM handler: check
 
 def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
     """Rank 0, before anything is built: (result file exists, rounds done, checkpoint folder). A
-    result path that a symbolic link leads out of the results root is refused; a complete run raises
+    result path that a symbolic link leads out of the results root is refused; the path is claimed
+    for this run (hpcfl.runtime.lock: one writer per result file); a complete run raises
     RunCompleted; an unfinished one with the same configuration resumes from its newest intact
     checkpoint (or from round 0 without one)."""
     path = config.result_path
@@ -38,6 +40,7 @@ def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
     if not target.is_relative_to(root):
         raise ResultsError(f"result file {path} resolves to {target}, outside run.results_root {root} (a symbolic "
                            "link?); results stay under the results root: remove the link or choose another run.study")
+    claim(path)
     if not path.exists():
         return False, 0, None
     try:
@@ -55,8 +58,10 @@ def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
 
 def _resumable(config: dict) -> dict:
     """A configuration without the keys that may change between a run and its resumption."""
-    run = {k: v for k, v in config.get("run", {}).items() if k not in ("results_root", "checkpoint_every", "checkpoint_keep")}
-    return {**config, "run": run}
+    run = {k: v for k, v in config.get("run", {}).items() if k not in ("results_root", "checkpoint_every", "checkpoint_keep",
+                                                                      "round_timeout_s")}
+    train = {k: v for k, v in config.get("train", {}).items() if k != "on_nonfinite"}
+    return {**config, "run": run, "train": train}
 
 
 def restore(job, directory: Path, rounds: int, log) -> None:
@@ -79,9 +84,11 @@ def restore(job, directory: Path, rounds: int, log) -> None:
     log(f"hpcfl: resuming after round {rounds} from {directory}")
 
 
-def control(job, round: int) -> tuple[bool, bool]:
-    """Collective, after each round: (checkpoint now, stop now). A signal on any rank stops every rank
-    after the same round; checkpoints also come every run.checkpoint_every rounds (not after the last)."""
+def control(job, round: int, fault: bool = False) -> tuple[bool, bool, bool]:
+    """Collective, after each round: (checkpoint now, stop now, stop for a training fault), the same
+    decision on every rank. A signal on any rank stops every rank after the same round; checkpoints
+    also come every run.checkpoint_every rounds (not after the last); `fault` (the server's) stops
+    every rank without a checkpoint."""
     transport, cfg = job.transport, job.config.run
     signalled = transport.reduce_sum("control", np.array([float(STOP.is_set())]))
     decision = None
@@ -89,9 +96,9 @@ def control(job, round: int) -> tuple[bool, bool]:
         done = round + 1
         stop = bool(signalled[0] > 0) and done < cfg.rounds
         periodic = cfg.checkpoint_every > 0 and done % cfg.checkpoint_every == 0 and done < cfg.rounds
-        decision = np.array([stop or periodic, stop], dtype=np.int64)
+        decision = np.array([(stop or periodic) and not fault, stop, fault], dtype=np.int64)
     decision = transport.broadcast("control", decision)
-    return bool(decision[0]), bool(decision[1])
+    return bool(decision[0]), bool(decision[1]), bool(decision[2])
 
 
 def write_checkpoint(job, rounds: int, log) -> None:

@@ -3,7 +3,12 @@ architecture (one, unless model.architectures makes the clients heterogeneous).
 
 Each phase, the worker adds every hosted sampled client's weighted uplink into one float64 buffer
 per payload, in increasing client id order, so the reduction over ranks sees one buffer per rank.
+A client whose loss or contribution is NaN/Inf is left out of the sums and flagged in its metric row
+(`nonfinite`); with train.on_nonfinite = 'drop' it also gets back the state it had before the round.
+With train.batched_clients, an algorithm that allows it has the sampled clients trained together
+first (hpcfl.batched); each client's update then goes through the same per-client steps.
 """
+import math
 import time
 
 import numpy as np
@@ -15,9 +20,11 @@ from hpcfl.training import evaluate
 
 class Worker:
     def __init__(self, algorithm: Algorithm, clients: dict[int, Client], models: dict[str, torch.nn.Module], trainer,
-                 device, num_classes: int, eval_batch: int):
+                 device, num_classes: int, eval_batch: int, drop_nonfinite: bool = False, batched=None):
         self.algorithm, self.clients, self.models, self.trainer, self.device = algorithm, clients, models, trainer, device
         self.num_classes, self.eval_batch = num_classes, eval_batch
+        self.drop_nonfinite = drop_nonfinite       # a faulty client gets back its state of before the round
+        self.batched = batched                     # a BatchedTrainer (train.batched_clients), or None
         self.compute_s = 0.0
 
     def run_phase(self, phase: Phase, round: int, cohort: list[int], downlink: dict, rows: np.ndarray,
@@ -30,18 +37,27 @@ class Worker:
         sums = {name: torch.zeros(layout.numel, dtype=torch.float64, device=self.device)
                 for name, layout in phase.uplink.items()}
         self.algorithm.receive(phase, round, downlink)
-        for cid in sorted(c for c in cohort if c in self.clients):
+        hosted = sorted(c for c in cohort if c in self.clients)
+        trainer = self._trainer(phase, round, hosted, downlink)
+        for cid in hosted:
             client = self.clients[cid]
             model = self.algorithm.client_model(client, self.models[client.architecture])
+            before = {k: v.clone() for k, v in client.state.items()} if self.drop_nonfinite else None
             client.state = {k: v.to(self.device) for k, v in client.state.items()}
             received = downlink if replies is None else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}}
             try:
                 contributions, metrics = self.algorithm.update_client(phase, round, client, received,
-                                                                      model, self.trainer)
+                                                                      model, trainer)
             except Exception as err:
-                err.add_note(f"hpcfl: in client {cid}, round {round}, phase '{phase.name}'")
+                err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
             client.state = {k: v.detach().cpu() for k, v in client.state.items()}
+            if not _finite(contributions, metrics):            # left out of the sums; the server decides
+                rows[cid, metric_names.index("nonfinite")] = 1.0
+                if "train_loss" in metrics:
+                    rows[cid, metric_names.index("train_loss")] = metrics["train_loss"]
+                client.state = before if before is not None else client.state
+                continue
             for name, (tensors, weight) in contributions.items():
                 phase.uplink[name].add_into(sums[name], tensors, weight)
             if not metrics:                                     # a phase without training (FedFM's anchors)
@@ -54,6 +70,12 @@ class Worker:
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start
         return {name: buf.cpu().numpy() for name, buf in sums.items()}
+
+    def _trainer(self, phase: Phase, round: int, hosted: list[int], downlink: dict):
+        """What the clients' updates train with: their results, trained together up front, where the
+        job asks for it and the algorithm allows it; else the trainer, one client after another."""
+        start = self.algorithm.batch_start(phase, downlink) if self.batched and hosted else None
+        return self.trainer if start is None else self.batched.train([self.clients[c] for c in hosted], round, start)
 
     def gather(self, phase: Phase, round: int, cohort: list[int]) -> dict[int, np.ndarray]:
         """A matching phase's opening: the hosted sampled clients' tensors for the server."""
@@ -81,3 +103,12 @@ class Worker:
     def client_state_bytes(self) -> int:
         """Memory held by the hosted clients' persistent state (on the CPU between rounds)."""
         return sum(t.numel() * t.element_size() for c in self.clients.values() for t in c.state.values())
+
+
+def _finite(contributions: dict, metrics: dict) -> bool:
+    """Whether a client's loss and every tensor it contributes are finite (one host sync per client)."""
+    if not math.isfinite(metrics.get("train_loss", 0.0)):
+        return False
+    flags = [torch.isfinite(t).all() for tensors, weight in contributions.values()
+             for t in (*tensors.values(), torch.as_tensor(weight))]
+    return bool(torch.stack(flags).all()) if flags else True

@@ -28,6 +28,8 @@ class TransportStats:
 class Transport:
     rank: int = 0
     size: int = 1
+    round: int = -1             # the round in progress (-1: set-up), set by the round loop; for messages
+    timeout_s: float = 0.0      # run.round_timeout_s: how long a collective waits for a silent rank
 
     def __init__(self, client_rank: dict[int, int]):
         self.client_rank = dict(client_rank)      # client id -> rank hosting it; fixed for the run

@@ -1,9 +1,19 @@
 """Buffer-based MPI collectives (mpi4py upper-case API: no pickled tensors, one call per payload).
 
 Waiting without burning a core: MPICH's blocking calls busy-poll, and a rank blocked inside one never
-runs Python signal handlers. So each collective first meets its peers through a non-blocking call
-(`Ibarrier`, or the `Ibcast` of a small header) polled with short sleeps, and only then runs the
-blocking data movement, which finds every rank already there and moves at full speed.
+runs Python signal handlers. So each collective first meets its peers through a non-blocking
+`Ibarrier` polled with short sleeps, and only then runs the blocking data movement, which finds
+every rank already there and moves at full speed.
+
+Large payloads move in pieces of CHUNK elements, which bounds the MPI library's own temporaries
+(MPICH allocates a buffer-sized one for a reduce) and keeps counts within an int for any MPI.
+
+Naming a silent rank: entering a collective, each worker posts the server a two-integer note
+(collectives entered so far, round). A meeting that takes longer than `timeout_s` (run.round_timeout_s)
+raises PeerTimeout: on the server naming the ranks whose note for this collective never came and
+the round they were last heard from in; on a worker, `grace` later, so the server speaks first when
+it can. A dead rank usually ends the job sooner (mpiexec and srun stop a job whose process died);
+the timeout catches what they cannot see: a rank alive but stuck.
 """
 import socket
 import time
@@ -11,28 +21,88 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hpcfl.errors import PeerTimeout
 from hpcfl.transport.base import Transport, deliver_in_memory
 
 _DTYPES = [np.float64, np.float32, np.int64, np.uint8]
+CHUNK = 2 ** 23         # elements per Bcast/Reduce call: MPICH's reduce temporaries stay at 64 MiB (not
+                        # the buffer's size), and every count stays below 2**31 for MPI-3 libraries
+_NOTE_TAG = 32000                   # the MPI standard guarantees tags up to 32767
 
 
 class MpiTransport(Transport):
-    def __init__(self, client_rank: dict[int, int], comm=None, max_sleep_s: float = 0.002):
+    def __init__(self, client_rank: dict[int, int], comm=None, max_sleep_s: float = 0.002, timeout_s: float = 0.0):
         super().__init__(client_rank)
         self.comm = (comm or MPI.COMM_WORLD).Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self.max_sleep_s = max_sleep_s
+        self.max_sleep_s, self.timeout_s = max_sleep_s, timeout_s
         self.host = socket.gethostname()
+        self.hosts = self.comm.allgather(self.host)
+        self._entered, self._collective = 0, ""
+        self._sending = []                                     # this worker's notes in flight
+        self._heard = np.zeros((self.size, 2), dtype=np.int64)  # server: each rank's last note
+        self._heard[:, 1] = -1
+        self._inbox = {r: self._listen(r) for r in range(1, self.size)} if self.is_server else {}
 
     # -- waiting ---------------------------------------------------------------------------------
-    def _wait(self, request) -> None:
+    def _listen(self, rank: int):
+        note = np.empty(2, dtype=np.int64)
+        return self.comm.Irecv(note, source=rank, tag=_NOTE_TAG), note
+
+    def _read_notes(self) -> None:
+        for rank, (request, note) in self._inbox.items():
+            while request.Test():                  # notes from one rank arrive in order: keep the newest
+                self._heard[rank] = note
+                request, note = self._inbox[rank] = self._listen(rank)
+
+    def _enter(self, name: str) -> None:
+        self._entered, self._collective = self._entered + 1, name
+        if self.is_server:
+            self._read_notes()
+            return
+        note = np.array([self._entered, self.round], dtype=np.int64)
+        self._sending = [(r, n) for r, n in self._sending if not r.Test()]
+        self._sending.append((self.comm.Isend(note, dest=0, tag=_NOTE_TAG), note))
+
+    @property
+    def grace_s(self) -> float:
+        return max(10.0, 0.1 * self.timeout_s)
+
+    def _wait(self, request, peers: list[int] | None = None) -> None:
+        """Poll `request` with growing sleeps; past the timeout raise PeerTimeout. `peers`: the ranks of
+        a point-to-point wait's requests, in order (a collective's silent ranks come from the notes)."""
         start, sleep = time.perf_counter(), 1e-5
+        limit = self.timeout_s + (0.0 if self.is_server or peers is not None else self.grace_s)
         while not request.Test():
+            if self.is_server:
+                self._read_notes()
+            if self.timeout_s and time.perf_counter() - start > limit:
+                raise PeerTimeout(self._silence(request, peers, limit))
             time.sleep(sleep)
             sleep = min(2 * sleep, self.max_sleep_s)
         self.stats.wait_s += time.perf_counter() - start
 
-    def _arrive(self) -> None:
+    def _silence(self, request, peers, waited: float) -> str:
+        where = f"round {self.round + 1}" if self.round >= 0 else "set-up"
+        if peers is not None:
+            silent = sorted({p for r, p in zip(request.requests, peers) if not r.Test()})
+            what = f"{self._named(silent)} did not complete swap '{self._collective}' with this rank"
+        elif self.is_server:
+            silent = [r for r in range(1, self.size) if self._heard[r, 0] < self._entered]
+            last = ", ".join(f"rank {r} in {'round ' + str(self._heard[r, 1] + 1) if self._heard[r, 1] >= 0 else 'set-up'}"
+                             for r in silent)
+            what = f"{self._named(silent)} never reached '{self._collective}' (last heard from: {last})"
+        else:
+            what = f"'{self._collective}' did not complete: the server or another rank is stuck (rank 0 names it if it can)"
+        return (f"{where}: {what} after {waited:.0f} s (run.round_timeout_s = {self.timeout_s:g}); a rank is "
+                "hung or dead, so the job stops (completed rounds are in the result file). If rounds are "
+                "legitimately this slow, raise run.round_timeout_s")
+
+    def _named(self, ranks: list[int]) -> str:
+        return "rank" + ("s " if len(ranks) > 1 else " ") + ", ".join(f"{r} ({self.hosts[r]})" for r in ranks)
+
+    def _arrive(self, name: str) -> None:
+        self._enter(name)
         self._wait(self.comm.Ibarrier())
 
     def _timed(self, fn, *args):
@@ -50,10 +120,12 @@ class MpiTransport(Transport):
         if self.is_server:
             array = np.ascontiguousarray(array)
             header[:] = array.size, _DTYPES.index(array.dtype.type)
-        self._wait(self.comm.Ibcast(header, root=0))
+        self._arrive(name)
+        self._timed(self.comm.Bcast, header, 0)
         if not self.is_server:
             array = np.empty(int(header[0]), dtype=_DTYPES[int(header[1])])
-        self._timed(self.comm.Bcast, array, 0)
+        for start in range(0, array.size, CHUNK):
+            self._timed(self.comm.Bcast, array[start:start + CHUNK], 0)
         if self.is_server:
             self._count(name, sent=array.nbytes * (self.size - 1))
         else:
@@ -62,9 +134,11 @@ class MpiTransport(Transport):
 
     def reduce_sum(self, name, array):
         array = np.ascontiguousarray(array, dtype=np.float64)
-        self._arrive()
+        self._arrive(name)
         out = np.empty_like(array) if self.is_server else None
-        self._timed(self.comm.Reduce, array, out, MPI.SUM, 0)
+        for start in range(0, array.size, CHUNK):
+            self._timed(self.comm.Reduce, array[start:start + CHUNK], out[start:start + CHUNK] if self.is_server else None,
+                        MPI.SUM, 0)
         if self.is_server:
             self._count(name, received=array.nbytes * (self.size - 1))
         else:
@@ -75,7 +149,7 @@ class MpiTransport(Transport):
         ids = sorted(items)
         meta = np.array([len(ids), *ids, *(items[c].size for c in ids)], dtype=np.int64)
         data = np.concatenate([np.ravel(items[c]).astype(np.float64) for c in ids]) if ids else np.zeros(0)
-        self._arrive()
+        self._arrive(name)
         meta_sizes = self.comm.gather(meta.size, root=0)     # a few ints per rank
         all_meta = self._gatherv(meta, meta_sizes)
         data_sizes = self.comm.gather(data.size, root=0)
@@ -104,7 +178,7 @@ class MpiTransport(Transport):
 
     def scatter(self, name, items, clients):
         clients = sorted(clients)
-        self._arrive()
+        self._arrive(name)
         lengths = np.empty(len(clients), dtype=np.int64)
         send_lengths = send_data = None
         if self.is_server:
@@ -129,26 +203,33 @@ class MpiTransport(Transport):
     def exchange(self, name, sources, items):
         mine = lambda client: self.client_rank[client] == self.rank      # noqa: E731
         out = deliver_in_memory({r: s for r, s in sources.items() if mine(s)}, items, mine)
-        requests, received, sending = [], {}, []
+        self._collective = name
+        requests, peers, received, sending = [], [], {}, []
         for receiver, source in sorted(sources.items()):          # tag = receiver: one message per delivery
             if mine(receiver) and not mine(source):
                 received[receiver] = np.empty(items[receiver].size, dtype=np.float64)
                 requests.append(self.comm.Irecv(received[receiver], source=self.client_rank[source], tag=receiver))
+                peers.append(self.client_rank[source])
                 self._count(name, received=received[receiver].nbytes)
             elif mine(source) and not mine(receiver):
                 buf = np.ascontiguousarray(items[source], dtype=np.float64)
                 sending.append(buf)                              # alive until the sends complete
                 requests.append(self.comm.Isend(buf, dest=self.client_rank[receiver], tag=receiver))
+                peers.append(self.client_rank[receiver])
                 self._count(name, sent=buf.nbytes)
         if requests:
-            self._wait(_AllRequests(requests))
+            self._wait(_AllRequests(requests), peers)
         return {**out, **received}
 
     def share(self, info):
         # Bookkeeping only (a few strings): the pickle-based lower-case call is the right tool.
+        self._arrive("share")
         return self.comm.allgather(info)
 
     def close(self):
+        for request, _ in self._inbox.values():
+            request.Cancel()
+            request.Wait()
         self.comm.Free()
 
 

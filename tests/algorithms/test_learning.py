@@ -49,7 +49,8 @@ def test_a_preset_is_fedavg_plus_its_regularizer(preset, term, params, tiny_job,
 
 
 def test_feature_matching_composes_and_records_the_feature_space(tiny_job, tmp_path):
-    arrays = _run(tiny_job("fednova", rounds=3, extra='regularizers = { fm_l2 = { start_round = 1 }, moon = {} }\n'),
+    arrays = _run(tiny_job("fednova", rounds=3, extra='regularizers = { fm_l2 = { start_round = 1 }, moon = {} }\n'
+                                                         '[eval]\nfeature_quality = true\n'),
                   tmp_path)
     assert np.isnan(arrays["round/bytes_up/anchors"][0]) and arrays["round/bytes_up/anchors"][1] > 0
     assert 0.0 <= float(arrays["final/feature_nmi"]) <= 1.0

@@ -1,10 +1,12 @@
-"""assign_clients: deterministic, counts balanced to +-1, data sizes balanced within that."""
+"""assign_clients: deterministic, counts balanced to +-1, data sizes balanced within that; pick_device."""
 from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
-from hpcfl.runtime.placement import assign_clients
+from hpcfl.errors import ConfigError
+from hpcfl.runtime.placement import assign_clients, pick_device
 
 
 def check_counts(assignment, n_clients, workers):
@@ -81,3 +83,12 @@ def test_more_workers_than_clients():
     a = assign_clients(np.array([3, 9]), [1, 2, 3, 4])
     check_counts(a, 2, [1, 2, 3, 4])
     assert len(set(a.values())) == 2               # never two clients on one worker while one sits idle
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour on a node without a GPU")
+def test_cuda_without_a_gpu_fails_naming_the_setting_and_auto_falls_back_with_a_warning():
+    with pytest.raises(ConfigError, match="run.device = 'cuda'"):
+        pick_device("cuda", 0)
+    said = []
+    assert pick_device("auto", 0, said.append) == torch.device("cpu")
+    assert "warning" in said[0] and "run.device = 'auto'" in said[0]

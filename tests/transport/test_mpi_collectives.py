@@ -142,6 +142,21 @@ def test_reduce_sum_large_buffer_is_not_truncated(make_transport):
         assert stats.sent["big"] == 8 * n
 
 
+def test_payloads_larger_than_a_chunk_move_in_pieces_and_arrive_whole(make_transport, monkeypatch):
+    from hpcfl.transport import mpi
+
+    monkeypatch.setattr(mpi, "CHUNK", 64)              # 1003 elements: 15 full pieces and a ragged one
+    comm = world()
+    t = make_transport(spread(comm.size))
+    n = 1003
+    out = t.reduce_sum("model", contribution(comm.rank, n))
+    sent = (np.arange(n) * 0.5).astype(np.float32)
+    received = t.broadcast("model", sent.copy() if t.is_server else None)
+    if t.is_server:
+        assert np.array_equal(out, sum(contribution(r, n).astype(np.float64) for r in range(comm.size)))
+    assert np.array_equal(received, sent)
+
+
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_gather(make_transport, placement):
     comm = world()

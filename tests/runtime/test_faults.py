@@ -1,0 +1,131 @@
+"""Faults during training: a hung or killed rank ends the job within the round timeout naming the
+round and the rank; a NaN/Inf client update stops the run or is dropped, as configured, and is
+recorded; a result file has one writer at a time, and a refused second run names the first."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import FAULT_LAUNCHER, MPIRUN, assert_same_metrics, launch, run_metrics
+from hpcfl.errors import ResultsError
+from hpcfl.launch import EXIT_RESUME, main
+from hpcfl.metrics import read_run
+from hpcfl.runtime.lock import claim, lock_path, release
+
+RESULT = "test/fedavg-dirichlet-seed0.h5"
+
+
+def _leftovers(tag) -> str:
+    """Processes whose command line mentions `tag` (this test's own temporary folder)."""
+    return subprocess.run(["pgrep", "-af", str(tag)], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("fault", ["hang", "die"])
+def test_a_hung_or_killed_rank_ends_the_job_within_the_round_timeout(fault, tiny_job, tmp_path):
+    start = time.perf_counter()
+    result = launch(tiny_job(rounds=4), "--results-root", tmp_path, "--set", "run.round_timeout_s=10", ranks=3,
+                    timeout=120, launcher=FAULT_LAUNCHER, env={"HPCFL_FAULT": fault, "HPCFL_FAULT_ROUND": "2"})
+    elapsed = time.perf_counter() - start
+    assert result.returncode != 0 and elapsed < 60, (elapsed, result.stderr)
+    if fault == "hang":                 # alive but silent: only the timeout can see it, and names it
+        assert "round 2: rank 2 (" in result.stderr and "run.round_timeout_s = 10" in result.stderr, result.stderr
+    time.sleep(1)
+    assert not _leftovers(tmp_path), _leftovers(tmp_path)
+    run = read_run(tmp_path / RESULT)                          # the completed round is kept
+    assert run.rounds == 1 and np.isfinite(run.arrays["round/test_acc"]).all()
+    assert not lock_path(tmp_path / RESULT).exists() or fault == "die"
+
+
+def _nan_run(tiny_job, tmp_path, policy, ranks=0, algorithm="fedavg"):
+    """Client 1 trains on NaN inputs in round 2 of 4; every client is sampled every round."""
+    return launch(tiny_job(algorithm, rounds=4), "--results-root", tmp_path, "--set", "train.clients_per_round=6",
+                  "--set", f"train.on_nonfinite={policy!r}", ranks=ranks, launcher=FAULT_LAUNCHER,
+                  env={"HPCFL_FAULT": "nan", "HPCFL_FAULT_CLIENT": "1", "HPCFL_FAULT_ROUND": "2"})
+
+
+@pytest.mark.parametrize("ranks", [0, 3])
+def test_a_nan_update_stops_the_run_after_recording_the_round(ranks, tiny_job, tmp_path):
+    result = _nan_run(tiny_job, tmp_path, "stop", ranks)
+    assert result.returncode == 1, result.stderr
+    assert "round 2: client(s) [1] gave a non-finite" in result.stdout and "train.on_nonfinite" in result.stdout
+    run = read_run(tmp_path / RESULT)
+    assert run.rounds == 2 and run.attrs["status"] == "failed"
+    flags = run.arrays["client/nonfinite"]
+    assert flags[1, 1] == 1 and np.nansum(flags) == 1
+    assert np.isfinite(run.arrays["round/test_acc"]).all()     # the NaN update never reached the model
+    assert not lock_path(tmp_path / RESULT).exists()
+
+
+def test_dropped_nan_updates_are_recorded_and_the_client_keeps_its_state(tiny_job, tmp_path):
+    one = _nan_run(tiny_job, tmp_path / "one", "drop", algorithm="scaffold")
+    three = _nan_run(tiny_job, tmp_path / "three", "drop", ranks=3, algorithm="scaffold")
+    assert one.returncode == 0 and three.returncode == 0, one.stderr + three.stderr
+    assert "round 2: client(s) [1] gave a non-finite loss or update; their updates were dropped" in one.stdout
+    path = "test/scaffold-dirichlet-seed0.h5"
+    run = read_run(tmp_path / "one" / path)
+    flags = run.arrays["client/nonfinite"]
+    assert flags[1, 1] == 1 and np.nansum(flags) == 1          # later rounds: SCAFFOLD's control variate is clean
+    assert np.isfinite(run.arrays["round/test_acc"]).all() and np.isfinite(run.arrays["round/train_loss"]).all()
+    assert_same_metrics(run_metrics(tmp_path / "one" / path), run_metrics(tmp_path / "three" / path))
+
+
+def test_a_second_run_on_the_same_result_is_refused_naming_the_first(tiny_job, tmp_path, capsys):
+    job = tiny_job(rounds=30)
+    args = [str(job), "--results-root", str(tmp_path)]
+    first = subprocess.Popen([sys.executable, "-m", "hpcfl.launch", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    for line in first.stdout:                  # the first run is training
+        if line.startswith("round    1/"):
+            break
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"host {socket.gethostname()}, pid {first.pid}" in err and "delete" in err, err
+    assert first.wait(timeout=120) == 0                        # the refusal left the first run alone
+    assert read_run(tmp_path / RESULT).attrs["status"] == "completed"
+    assert not lock_path(tmp_path / RESULT).exists()
+
+
+def _write_lock(path, **owner):
+    lock_path(path).parent.mkdir(parents=True, exist_ok=True)
+    lock_path(path).write_text(json.dumps(owner))
+
+
+def test_a_lock_of_a_gone_run_is_taken_over_and_one_of_another_node_is_not(tmp_path, monkeypatch):
+    path = tmp_path / "study" / "run.h5"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _write_lock(path, job="", host=socket.gethostname(), pid=int(dead.stdout))        # that process has exited
+    claim(path)
+    assert json.loads(lock_path(path).read_text())["pid"] == os.getpid()
+    release()
+    assert not lock_path(path).exists()
+
+    _write_lock(path, job="", host="node-17", pid=4242, since="2026-11-22 10:00:00")
+    with pytest.raises(ResultsError, match="host node-17, pid 4242, since 2026-11-22"):
+        claim(path)
+
+    _write_lock(path, job="977", restart="0", host="node-17", pid=4242)                # requeued SLURM job
+    monkeypatch.setenv("SLURM_JOB_ID", "977")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    claim(path)
+    assert json.loads(lock_path(path).read_text())["restart"] == "1"
+    release()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_signal_to_mpirun_checkpoints_and_exits_with_the_resumable_code(sig, tiny_job, tmp_path):
+    proc = subprocess.Popen([MPIRUN, "-np", "3", sys.executable, "-m", "hpcfl.launch", str(tiny_job(rounds=30)),
+                             "--results-root", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in proc.stdout:
+        if line.startswith("round    2/"):
+            proc.send_signal(sig)
+    assert proc.wait(timeout=120) == EXIT_RESUME               # only rank 0 exits non-zero: mpiexec ORs the codes
+    run = read_run(tmp_path / RESULT)
+    assert run.attrs["status"] == "interrupted" and 2 <= run.rounds < 30
+    assert not lock_path(tmp_path / RESULT).exists()
