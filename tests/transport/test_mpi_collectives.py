@@ -142,10 +142,12 @@ def test_reduce_sum_large_buffer_is_not_truncated(make_transport):
         assert stats.sent["big"] == 8 * n
 
 
-def test_payloads_larger_than_a_chunk_move_in_pieces_and_arrive_whole(make_transport, monkeypatch):
+@pytest.mark.parametrize("sliced_from", [16, 10 ** 9])          # reduce-scatter + gather, or plain Reduce
+def test_payloads_larger_than_a_chunk_move_in_pieces_and_arrive_whole(make_transport, monkeypatch, sliced_from):
     from hpcfl.transport import mpi
 
     monkeypatch.setattr(mpi, "CHUNK", 64)              # 1003 elements: 15 full pieces and a ragged one
+    monkeypatch.setattr(mpi, "SLICED_FROM", sliced_from)
     comm = world()
     t = make_transport(spread(comm.size))
     n = 1003

@@ -1,0 +1,159 @@
+"""Strong scaling: the same job on W = 1, 2, 4, ... worker ranks (`mpirun -np W+1`, rank 0 the server).
+
+Per W, from the result file (medians over the rounds after the first, which warms up):
+- time per round (`round/time_s`), speed-up T(1) / T(W) and parallel efficiency speed-up / W
+  (against the smallest W run when 1 is not in the list, scaled by its W);
+- the split of a round: the workers' mean compute (`rank/compute_s`, ranks >= 1: local training and
+  summing the uplink), imbalance (`round/imbalance_s`: slowest worker minus the mean), the
+  server's compute (rank 0: downlink, aggregate, test evaluation) and the rest, communication +
+  waiting + bookkeeping (round - server compute - slowest worker), next to `rank/wait_s`.
+
+Then a model of the round time for sizing a job, fitted to these runs:
+
+    T_round(W) ~ L(W) * t_client + t_comm(W) + t_server
+
+t_client: the workers' compute per sampled client; t_server: the server's compute; t_comm(W) =
+a + b * log2(W + 1) (tree collectives of this job's model bytes), fitted to the measured rest
+(with fewer than 3 W: b * log2(W + 1), b >= 0).
+L(W): the sampled clients on the busiest worker, on average: K / W at best (K =
+train.clients_per_round), more since each worker hosts fixed clients and cohorts are drawn at
+random; estimated by drawing cohorts over clients spread evenly on the workers, as hpcfl places
+them. The model is printed with its predictions for W up to K.
+
+Each run is wrapped in `flock /tmp/hpcfl-bench.lock` (benchmarks on a shared machine do not overlap)
+and writes to a temporary folder.
+
+    python bench/scaling.py [--job jobs/quickstart.toml] [--workers 1,2] [--rounds 4] [--set KEY=VALUE ...]
+"""
+import argparse
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpcfl.config import load_job
+from hpcfl.metrics import read_run
+
+REPO = Path(__file__).resolve().parent.parent
+MPIRUN = str(Path(sys.executable).with_name("mpirun"))
+LOCK = "/tmp/hpcfl-bench.lock"
+DRAWS = 4000                        # cohorts drawn to estimate the busiest worker's load
+KEYS = ["round/time_s", "round/imbalance_s", "rank/compute_s", "rank/wait_s", "round/bytes_down/model",
+        "client/steps"]
+
+
+@dataclass
+class Point:
+    """One W, medians per round."""
+
+    workers: int
+    round_s: float
+    compute_mean: float     # workers' mean compute
+    compute_max: float      # slowest worker's compute
+    imbalance: float
+    server: float           # rank 0's compute
+    wait_mean: float        # workers' mean time blocked in collectives
+    per_client: float       # workers' compute per sampled client
+    rest: float             # communication, waiting, bookkeeping: round - server compute - slowest worker
+    model_elements: int
+
+
+def run_job(job: str, workers: int, rounds: int, overrides: list[str], root: Path) -> Path:
+    """One locked `mpirun -np workers+1` of the job; its result file."""
+    name = f"scaling-w{workers}"
+    sets = sum((["--set", o] for o in [*overrides, f"run.rounds={rounds}", f"run.name='{name}'"]), [])
+    cmd = ["flock", LOCK, MPIRUN, "-np", str(workers + 1), sys.executable, "-m", "hpcfl.launch", job,
+           "--results-root", str(root), *sets]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
+    return load_job(job, [*overrides, f"run.results_root='{root}'", f"run.name='{name}'"]).result_path
+
+
+def measure(result: Path, workers: int) -> Point:
+    run = read_run(result, KEYS)
+    a = {k: v[1:] if run.rounds > 1 else v for k, v in run.arrays.items()}     # round 0 warms up
+    compute, workers_compute = a["rank/compute_s"], a["rank/compute_s"][:, 1:]
+    sampled = np.isfinite(a["client/steps"]).sum(axis=1)
+    elements = int(run.arrays["round/bytes_down/model"][0] / 4 / sampled[0])
+    rest = a["round/time_s"] - compute[:, 0] - workers_compute.max(axis=1)
+
+    def med(values) -> float:
+        return float(np.median(values))
+
+    return Point(workers, med(a["round/time_s"]), med(workers_compute.mean(axis=1)), med(workers_compute.max(axis=1)),
+                 med(a["round/imbalance_s"]), med(compute[:, 0]), med(a["rank/wait_s"][:, 1:].mean(axis=1)),
+                 med(workers_compute.sum(axis=1) / sampled), med(rest), elements)
+
+
+def busiest_load(clients: int, per_round: int, workers: int, seed: int = 0) -> float:
+    """Expected sampled clients on the busiest worker: clients spread evenly (+-1), cohorts uniform."""
+    rng = np.random.default_rng(seed)
+    host = np.arange(clients) % workers
+    cohorts = np.argsort(rng.random((DRAWS, clients)), axis=1)[:, :per_round]
+    counts = np.stack([(host[cohorts] == w).sum(axis=1) for w in range(workers)])
+    return float(counts.max(axis=0).mean())
+
+
+def fit_comm(points: list[Point]) -> tuple[float, float]:
+    """(a, b) of rest ~ a + b * log2(W + 1), least squares from 3 or more W; from fewer, a = 0 and
+    b >= 0 (two points would fit their noise exactly)."""
+    x = np.log2([p.workers + 1 for p in points])
+    y = np.array([p.rest for p in points])
+    if len(points) >= 3:
+        b, a = np.polyfit(x, y, 1)
+        return float(a), float(b)
+    return 0.0, max(0.0, float(x @ y / (x @ x)))
+
+
+def print_measured(points: list[Point]) -> None:
+    base = points[0]
+    print(f"\n{'W':>3} {'s/round':>8} {'speed-up':>9} {'efficiency':>10} | {'compute':>8} {'imbalance':>9} "
+          f"{'server':>7} {'comm+wait':>9} | {'worker wait':>11} {'s/client':>9}")
+    for p in points:
+        speedup = base.round_s / p.round_s * base.workers
+        print(f"{p.workers:>3} {p.round_s:>8.2f} {speedup:>9.2f} {speedup / p.workers:>10.0%} | {p.compute_mean:>8.2f} "
+              f"{p.imbalance:>9.2f} {p.server:>7.2f} {p.rest:>9.2f} | {p.wait_mean:>11.2f} {p.per_client:>9.3f}")
+    print("(seconds per round, medians; compute = workers' mean; comm+wait = round - server - slowest worker)")
+
+
+def print_model(points: list[Point], clients: int, per_round: int) -> None:
+    t_client = float(np.median([p.per_client for p in points]))
+    t_server = float(np.median([p.server for p in points]))
+    a, b = fit_comm(points)
+    elements = points[0].model_elements
+    print(f"\nModel: T_round(W) ~ L(W) * {t_client:.3f} s + ({a:.3f} + {b:.3f} * log2(W+1)) s + {t_server:.3f} s")
+    print(f"  t_client {t_client:.3f} s per sampled client; t_server {t_server:.3f} s; t_comm fitted for a model of "
+          f"{elements:,} elements ({4 * elements / 1e6:.2f} MB down as float32, {8 * (elements + 1) / 1e6:.2f} MB up "
+          "as float64, per worker and payload)")
+    measured = {p.workers: p.round_s for p in points}
+    single = t_client * per_round + a + b + t_server
+    print(f"\n{'W':>4} {'K/W':>6} {'L(W)':>6} {'model s/round':>14} {'measured':>9} {'model efficiency':>17}")
+    for w in sorted({*measured, *(2 ** i for i in range(per_round.bit_length() + 1) if 2 ** i <= per_round)}):
+        load = busiest_load(clients, per_round, w)
+        model = load * t_client + a + b * np.log2(w + 1) + t_server
+        seen = f"{measured[w]:>9.2f}" if w in measured else f"{'':>9}"
+        print(f"{w:>4} {per_round / w:>6.2f} {load:>6.2f} {model:>14.2f} {seen} {single / model / w:>17.0%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", default=str(REPO / "jobs" / "quickstart.toml"))
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts, e.g. 1,2,4,8")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    workers = sorted(int(w) for w in args.workers.split(","))
+    cfg = load_job(args.job, args.overrides)
+    print(f"{Path(args.job).name}: {cfg.algorithm.name}, {cfg.data.num_clients} clients, "
+          f"K = {cfg.train.clients_per_round} per round, {args.rounds} rounds (round 1 left out), "
+          f"workers {workers}, server on one more rank")
+    with tempfile.TemporaryDirectory() as tmp:
+        points = [measure(run_job(args.job, w, args.rounds, args.overrides, Path(tmp)), w) for w in workers]
+    print_measured(points)
+    print_model(points, cfg.data.num_clients, cfg.train.clients_per_round)
+
+
+if __name__ == "__main__":
+    main()
