@@ -127,6 +127,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         cfg = lambda name: load_job(args.job, overrides + [f"run.results_root='{tmp}'", f"run.name='{name}'"])  # noqa: E731
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)     # its first use imports torch._dynamo (2 s)
         floor_s = min(floor(cfg("floor")) for _ in range(args.repeat))
         ours = min(runner(cfg(f"inproc{i}")) for i in range(args.repeat))
         report("training (rounds only, one process)", ours, floor_s)
