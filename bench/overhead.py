@@ -12,7 +12,8 @@ runner is told to (eval.every = rounds). Three comparisons, each printed with it
 
     python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 3]
 
-Each figure is the best of --repeat runs (the machine's noise only ever adds time).
+Each figure is the best of --repeat runs (the machine's noise only ever adds time); the in-process
+runs alternate, floor and hpcfl, since the machine's speed drifts by several percent over minutes.
 """
 import argparse
 import os
@@ -128,8 +129,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = lambda name: load_job(args.job, overrides + [f"run.results_root='{tmp}'", f"run.name='{name}'"])  # noqa: E731
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)     # its first use imports torch._dynamo (2 s)
-        floor_s = min(floor(cfg("floor")) for _ in range(args.repeat))
-        ours = min(runner(cfg(f"inproc{i}")) for i in range(args.repeat))
+        pairs = [(floor(cfg("floor")), runner(cfg(f"inproc{i}"))) for i in range(args.repeat)]   # interleaved:
+        floor_s, ours = min(f for f, _ in pairs), min(r for _, r in pairs)       # the machine's speed drifts
         report("training (rounds only, one process)", ours, floor_s)
         sets = sum((["--set", o] for o in overrides + [f"run.results_root='{tmp}'"]), [])
         launch = [sys.executable, "-m", "hpcfl.launch", args.job, *sets]
