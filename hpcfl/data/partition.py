@@ -48,11 +48,6 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
-def _fits_numpy(value) -> bool:
-    """A 64-bit integer or a finite float: what the schemes can compute with."""
-    return -2 ** 63 <= value < 2 ** 63 if _is_int(value) else bool(np.isfinite(value))
-
-
 def _require(key: str, value, ok: bool, rule: str) -> None:
     """A ConfigError naming `data.partition_params.<key>` when a scheme setting breaks its rule."""
     if not ok:
@@ -281,33 +276,25 @@ SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
 }
 
 
-def _scheme_kwargs(scheme: str, fn: Callable, params: dict) -> dict:
-    """`params` checked against the scheme's keyword-only arguments (its user-facing settings)."""
-    sig = inspect.signature(fn).parameters
+def check_params(scheme: str, params: dict) -> dict:
+    """The scheme's keyword-only settings from `params`, or a ConfigError naming the bad key; types are
+    checked here, with the job file, and ranges that depend on the data by the scheme."""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"data.partition = {scheme!r} is not a known scheme; valid: {', '.join(sorted(SCHEMES))}")
+    sig = inspect.signature(SCHEMES[scheme]).parameters
     valid = [n for n, p in sig.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    for key in params:
+    for key, value in params.items():
         if key not in valid:
             raise ConfigError(f"data.partition_params.{key} is not a setting of partition {scheme!r}; "
                               f"valid: {', '.join(valid) or '(none)'}")
+        if sig[key].annotation is int:                  # a 64-bit integer, or a finite number
+            _require(key, value, _is_int(value) and -2 ** 63 <= value < 2 ** 63, "must be an integer")
+        else:
+            _require(key, value, _is_number(value) and bool(np.isfinite(value)), "must be a finite number")
     for key in valid:
         if key not in params and sig[key].default is inspect.Parameter.empty:
             raise ConfigError(f"data.partition_params.{key} is required by partition {scheme!r}")
     return dict(params)
-
-
-def check_params(scheme: str, params: dict) -> dict:
-    """The scheme's keyword arguments from `params`, or a ConfigError naming the bad key. Their types are
-    checked here, with the job file; the ranges that depend on the data, by the scheme."""
-    if scheme not in SCHEMES:
-        raise ConfigError(f"data.partition = {scheme!r} is not a known scheme; valid: {', '.join(sorted(SCHEMES))}")
-    kwargs = _scheme_kwargs(scheme, SCHEMES[scheme], params)
-    kinds = inspect.signature(SCHEMES[scheme]).parameters
-    for key, value in kwargs.items():
-        if kinds[key].annotation is int:
-            _require(key, value, _is_int(value) and _fits_numpy(value), "must be an integer")
-        else:
-            _require(key, value, _is_number(value) and _fits_numpy(value), "must be a finite number")
-    return kwargs
 
 
 def partition(labels: np.ndarray, num_clients: int, scheme: str, params: dict, seed: int,
