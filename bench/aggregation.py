@@ -134,7 +134,7 @@ def aggregate_rows(bench, transport, worker, server, phase, cohort: list[int]) -
     def worker_sums():
         if not worker:                      # the server takes part with zeros, as in the round loop
             return np.zeros(layout.numel)
-        return worker.run_phase(phase, 0, cohort, {}, metric_rows, CLIENT_METRICS)[name]
+        return worker.run_phase(phase, 0, sorted(worker.clients), {}, metric_rows, CLIENT_METRICS)[name]
 
     def server_aggregate(reduced):
         if server:

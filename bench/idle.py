@@ -9,7 +9,7 @@ of the process, MPICH's and torch's included):
   it, so its CPU % is high, but it is short: every rank is already there.
 CPU % of a core = CPU seconds / wall seconds over the calls. The server's rows cover its waits; a
 worker's are split by whether it hosted a sampled client in that round (read from the result file:
-`placement` and `client/steps`), since a worker without one waits through the whole round. Set-up
+`client/rank`), since a worker without one waits through the whole round. Set-up
 waits (before round 1) are listed apart. The target is under 5 % while waiting; a row is flagged
 only from 1 s of waiting (a 1 ms wait is all fixed cost).
 
@@ -86,11 +86,10 @@ def busy_ranks(result: Path) -> np.ndarray:
     """round x rank: whether the rank hosted a sampled client in that round."""
     from hpcfl.metrics import read_run
 
-    run = read_run(result, ["placement", "client/steps"])
-    placement, sampled = run.arrays["placement"], np.isfinite(run.arrays["client/steps"])
-    busy = np.zeros((run.rounds, int(placement.max()) + 1), dtype=bool)
-    for round, clients in enumerate(sampled):
-        busy[round, placement[clients]] = True
+    ranks = read_run(result, ["client/rank"]).arrays["client/rank"]
+    busy = np.zeros((len(ranks), int(np.nanmax(ranks)) + 1), dtype=bool)
+    for round, row in enumerate(ranks):
+        busy[round, row[np.isfinite(row)].astype(int)] = True
     return busy
 
 

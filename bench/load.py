@@ -1,9 +1,9 @@
 """Load checks: many clients per worker, a large model, and long metric series.
 
 1. `clients`: the real runner under `mpirun -np 3` (server + 2 workers) with 100 and 500 clients per
-   worker, every client trained every round, FedAvg and SCAFFOLD (one control variate per client),
-   on real Fashion-MNIST with the FMNIST CNN. Every client holds 50 samples (Dir(0.5) label skew,
-   equal sizes), 1 local epoch, 4 rounds. From the result file: the round time without the server's
+   worker (run.placement = "fixed"), every client trained every round, FedAvg and SCAFFOLD (one
+   control variate per client), on real Fashion-MNIST with the FMNIST CNN. Every client holds 50
+   samples (Dir(0.5) label skew, equal sizes), 1 local epoch, 4 rounds. From the result file: the round time without the server's
    test evaluation (median of rounds 1..; round 0 warms up), the time per client on a worker, and
    each worker's peak resident memory, client state and client data. Memory should grow with the
    clients' data and state, not with clients x model; time linearly with the clients.
@@ -169,8 +169,8 @@ def transport_rank(op: str, dtype: str, gib: str) -> None:
 
 # -- 1. many clients per worker ------------------------------------------------------------------
 def per_rank_data(arrays: dict, rank: int) -> int:
-    """Bytes of client data the worker `rank` holds."""
-    return int(arrays["partition"].sum(1)[arrays["placement"] == rank].sum()) * IMAGE_BYTES
+    """Bytes of client data the worker `rank` holds (fixed placement, every client sampled)."""
+    return int(arrays["partition"].sum(1)[arrays["client/rank"][0] == rank].sum()) * IMAGE_BYTES
 
 
 def clients_check(root: Path, rounds: int) -> None:
@@ -185,7 +185,7 @@ def clients_check(root: Path, rounds: int) -> None:
             arrays = run_job(root, f"clients-{algorithm}-{per_rank}", [
                 f"algorithm.name={algorithm!r}", f"data.num_clients={clients}", f"train.clients_per_round={clients}",
                 "data.partition='dirichlet_equal'", f"data.partition_params={{beta=0.5, size={SAMPLES}}}",
-                f"run.rounds={rounds}", f"eval.every={rounds}"])
+                f"run.rounds={rounds}", f"eval.every={rounds}", "run.placement='fixed'"])
             seconds = float(np.median((arrays["round/time_s"] - np.nan_to_num(arrays["round/eval_s"]))[1:]))
             workers = slice(1, RANKS)
             rss[algorithm, per_rank] = arrays["rank/max_rss_bytes"][-1, workers].max()

@@ -4,7 +4,8 @@ Per W, from the result file (medians over the rounds after the first, which warm
 - time per round (`round/time_s`), speed-up T(1) / T(W) and parallel efficiency speed-up / W
   (against the smallest W run when 1 is not in the list, scaled by its W);
 - the split of a round: the workers' mean compute (`rank/compute_s`, ranks >= 1: local training and
-  summing the uplink), imbalance (`round/imbalance_s`: slowest worker minus the mean), the
+  summing the uplink), imbalance (`round/imbalance_s`: slowest worker minus the mean, also as a
+  share of the round), the
   server's compute (rank 0: downlink, aggregate, test evaluation) and the rest, communication +
   waiting + bookkeeping (round - server compute - slowest worker), next to `rank/wait_s`.
 
@@ -15,10 +16,11 @@ Then a model of the round time for sizing a job, fitted to these runs:
 t_client: the workers' compute per sampled client; t_server: the server's compute; t_comm(W) =
 a + b * log2(W + 1) (tree collectives of this job's model bytes), fitted to the measured rest
 (with fewer than 3 W: b * log2(W + 1), b >= 0).
-L(W): the sampled clients on the busiest worker, on average: K / W at best (K =
-train.clients_per_round), more since each worker hosts fixed clients and cohorts are drawn at
-random; estimated by drawing cohorts over clients spread evenly on the workers, as hpcfl places
-them. The model is printed with its predictions for W up to K.
+L(W): the busiest worker's load, in the cohort's mean clients: K / W at best (K =
+train.clients_per_round), more since clients differ in size, cannot be split, and (fixed placement)
+live on one worker while cohorts are drawn at random. Estimated by drawing cohorts over the job's
+own partition and placing them with hpcfl's placement code (run.placement). The model is printed
+with its predictions for W up to K.
 
 Each run is wrapped in `flock /tmp/hpcfl-bench.lock` (benchmarks on a shared machine do not overlap)
 and writes to a temporary folder.
@@ -34,15 +36,17 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import load_job
 from hpcfl.metrics import read_run
+from hpcfl.runtime.placement import assign_clients, deal_cohort
 
 REPO = Path(__file__).resolve().parent.parent
 MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 LOCK = "/tmp/hpcfl-bench.lock"
-DRAWS = 4000                        # cohorts drawn to estimate the busiest worker's load
+DRAWS = 1000                        # cohorts drawn to estimate the busiest worker's load
 KEYS = ["round/time_s", "round/imbalance_s", "rank/compute_s", "rank/wait_s", "round/bytes_down/model",
-        "client/steps"]
+        "client/steps", "partition"]
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Point:
     per_client: float       # workers' compute per sampled client
     rest: float             # communication, waiting, bookkeeping: round - server compute - slowest worker
     model_elements: int
+    sizes: np.ndarray       # each client's training samples
 
 
 def run_job(job: str, workers: int, rounds: int, overrides: list[str], root: Path) -> Path:
@@ -84,16 +89,22 @@ def measure(result: Path, workers: int) -> Point:
 
     return Point(workers, med(a["round/time_s"]), med(workers_compute.mean(axis=1)), med(workers_compute.max(axis=1)),
                  med(a["round/imbalance_s"]), med(compute[:, 0]), med(a["rank/wait_s"][:, 1:].mean(axis=1)),
-                 med(workers_compute.sum(axis=1) / sampled), med(rest), elements)
+                 med(workers_compute.sum(axis=1) / sampled), med(rest), elements, run.arrays["partition"].sum(1))
 
 
-def busiest_load(clients: int, per_round: int, workers: int, seed: int = 0) -> float:
-    """Expected sampled clients on the busiest worker: clients spread evenly (+-1), cohorts uniform."""
+def busiest_load(sizes: np.ndarray, per_round: int, workers: int, batch: int, dealt: bool, seed: int = 0) -> float:
+    """The busiest worker's expected load in the cohort's mean clients (batches per epoch), cohorts
+    uniform, placed as the runner does: dealt per round, or each client on its fixed home."""
     rng = np.random.default_rng(seed)
-    host = np.arange(clients) % workers
-    cohorts = np.argsort(rng.random((DRAWS, clients)), axis=1)[:, :per_round]
-    counts = np.stack([(host[cohorts] == w).sum(axis=1) for w in range(workers)])
-    return float(counts.max(axis=0).mean())
+    cost, ranks = np.ceil(sizes / batch), list(range(1, workers + 1))
+    home = assign_clients(sizes, ranks)
+    loads = []
+    for _ in range(DRAWS):
+        cohort = rng.choice(len(sizes), size=per_round, replace=False).tolist()
+        hosts = deal_cohort(cohort, cost, ranks) if dealt else {c: home[c] for c in cohort}
+        per_worker = np.bincount([hosts[c] for c in cohort], weights=cost[cohort], minlength=workers + 1)
+        loads.append(per_worker.max() / cost[cohort].mean())
+    return float(np.mean(loads))
 
 
 def fit_comm(points: list[Point]) -> tuple[float, float]:
@@ -110,15 +121,16 @@ def fit_comm(points: list[Point]) -> tuple[float, float]:
 def print_measured(points: list[Point]) -> None:
     base = points[0]
     print(f"\n{'W':>3} {'s/round':>8} {'speed-up':>9} {'efficiency':>10} | {'compute':>8} {'imbalance':>9} "
-          f"{'server':>7} {'comm+wait':>9} | {'worker wait':>11} {'s/client':>9}")
+          f"{'of round':>8} {'server':>7} {'comm+wait':>9} | {'worker wait':>11} {'s/client':>9}")
     for p in points:
         speedup = base.round_s / p.round_s * base.workers
         print(f"{p.workers:>3} {p.round_s:>8.2f} {speedup:>9.2f} {speedup / p.workers:>10.0%} | {p.compute_mean:>8.2f} "
-              f"{p.imbalance:>9.2f} {p.server:>7.2f} {p.rest:>9.2f} | {p.wait_mean:>11.2f} {p.per_client:>9.3f}")
+              f"{p.imbalance:>9.2f} {p.imbalance / p.round_s:>8.1%} {p.server:>7.2f} {p.rest:>9.2f} | "
+              f"{p.wait_mean:>11.2f} {p.per_client:>9.3f}")
     print("(seconds per round, medians; compute = workers' mean; comm+wait = round - server - slowest worker)")
 
 
-def print_model(points: list[Point], clients: int, per_round: int) -> None:
+def print_model(points: list[Point], per_round: int, batch: int, dealt: bool) -> None:
     t_client = float(np.median([p.per_client for p in points]))
     t_server = float(np.median([p.server for p in points]))
     a, b = fit_comm(points)
@@ -131,7 +143,7 @@ def print_model(points: list[Point], clients: int, per_round: int) -> None:
     single = t_client * per_round + a + b + t_server
     print(f"\n{'W':>4} {'K/W':>6} {'L(W)':>6} {'model s/round':>14} {'measured':>9} {'model efficiency':>17}")
     for w in sorted({*measured, *(2 ** i for i in range(per_round.bit_length() + 1) if 2 ** i <= per_round)}):
-        load = busiest_load(clients, per_round, w)
+        load = busiest_load(points[0].sizes, per_round, w, batch, dealt)
         model = load * t_client + a + b * np.log2(w + 1) + t_server
         seen = f"{measured[w]:>9.2f}" if w in measured else f"{'':>9}"
         print(f"{w:>4} {per_round / w:>6.2f} {load:>6.2f} {model:>14.2f} {seen} {single / model / w:>17.0%}")
@@ -152,7 +164,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         points = [measure(run_job(args.job, w, args.rounds, args.overrides, Path(tmp)), w) for w in workers]
     print_measured(points)
-    print_model(points, cfg.data.num_clients, cfg.train.clients_per_round)
+    dealt = cfg.run.placement != "fixed" and ALGORITHMS[cfg.algorithm.name].moves_clients(cfg)
+    print(f"placement: {'dealt per round' if dealt else 'fixed'}")
+    print_model(points, cfg.train.clients_per_round, cfg.train.batch_size, dealt)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ class RunConfig:
     checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, USR1/TERM)
     checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file
     round_timeout_s: float = 1800.0 # a rank silent this long in a collective (hung, dead) ends the job; 0: wait forever
+    placement: str = "auto"         # fixed: each client trains on one worker for the whole run; per_round: each
+                                    # round's sampled clients are dealt to the workers by size (stateless clients
+                                    # only; every worker holds every client's data); auto: per_round where allowed
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class JobConfig:
 
 CHOICES = {
     "run.device": ("auto", "cpu", "cuda"),
+    "run.placement": ("auto", "fixed", "per_round"),
     "train.optimizer": ("sgd", "adam"),
     "train.augment": ("none", "crop_flip"),
     "model.batchnorm": ("average", "local"),

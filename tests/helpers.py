@@ -24,11 +24,11 @@ TIMINGS = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "round/mat
 
 
 def run_metrics(path) -> dict:
-    """A result file's arrays but timings and placement: what neither the topology nor an
-    interruption may change."""
+    """A result file's arrays but timings and where clients trained (client/rank): what neither the
+    topology nor an interruption may change."""
     from hpcfl.metrics import read_run
 
-    return {k: v for k, v in read_run(path).arrays.items() if not k.startswith(TIMINGS) and k != "placement"}
+    return {k: v for k, v in read_run(path).arrays.items() if not k.startswith(TIMINGS) and k != "client/rank"}
 
 
 def assert_same_metrics(one: dict, other: dict, exact: bool = False) -> None:

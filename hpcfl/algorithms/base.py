@@ -42,7 +42,7 @@ from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.payload import Layout
-from hpcfl.regularizers import Regularizer, build_regularizers
+from hpcfl.regularizers import REGULARIZERS, Regularizer, build_regularizers
 from hpcfl.training import evaluate
 
 Tensors = dict[str, torch.Tensor]
@@ -119,10 +119,20 @@ class Algorithm:
     batched: ClassVar[bool] = False         # client_update is start_from(downlink["model"]) + self.train (no terms of
                                             # its own) + contributions, so a worker may train its clients together
                                             # (train.batched_clients); never inherited: each class vouches for its own
+    stateless: ClassVar[bool] = False       # its clients keep nothing between rounds (no client.state, swaps or
+                                            # matching), so any worker may train any client; never inherited either
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.batched = cls.__dict__.get("batched", False)
+        cls.stateless = cls.__dict__.get("stateless", False)
+
+    @classmethod
+    def moves_clients(cls, job: JobConfig) -> bool:
+        """Whether this job may deal each round's sampled clients to any worker (run.placement):
+        a stateless algorithm whose terms keep no state, with the BatchNorm layers shared."""
+        terms = [*job.algorithm.regularizers, *([cls.term.name] if getattr(cls, "term", None) else [])]
+        return cls.stateless and job.model.batchnorm != "local" and not any(REGULARIZERS[n].keeps_state for n in terms)
 
     @dataclass(frozen=True)
     class Params:
@@ -150,12 +160,15 @@ class Algorithm:
             raise ConfigError(f"algorithm '{cls.name}' shares whole models, so every client needs the same one: "
                               f"model.architectures = {list(job.architectures)} needs an algorithm for "
                               "heterogeneous clients (fedclassavg, fedproto, local_only, ensemble)")
-        from hpcfl.regularizers import REGULARIZERS
         matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
         if len(matching) > 1:
             raise ConfigError(f"algorithm.regularizers has {matching}: use one feature-matching term")
         if job.train.batched_clients:
             check_batched(job, cls)
+        if job.run.placement == "per_round" and not cls.moves_clients(job):
+            raise ConfigError(f"run.placement = 'per_round' deals each round's clients to any worker, but with "
+                              f"algorithm '{cls.name}' (its regularizers, model.batchnorm) clients keep state from "
+                              "round to round on their worker: use run.placement = 'auto' or 'fixed'")
 
     # -- what the runtime calls: the algorithm's own hooks plus the anchor phase of feature matching --
     def phases(self, round: int) -> list[Phase]:

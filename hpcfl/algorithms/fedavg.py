@@ -37,7 +37,7 @@ from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTr
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    batched = True
+    batched = stateless = True
     term: ClassVar[type[Regularizer] | None] = None      # a preset's own local term, built from Params
 
     def __init__(self, params, setup):
@@ -85,23 +85,28 @@ class FedAvg(Algorithm):
 
 class FedProx(FedAvg):
     name, term, Params = "fedprox", Prox, Prox.Params
+    stateless = True
 
 
-class MOON(FedAvg):
+class MOON(FedAvg):            # not stateless: each client keeps its previous local model
     name, term, Params = "moon", Moon, Moon.Params
 
 
 class FedRS(FedAvg):
     name, term, Params = "fedrs", RestrictedSoftmax, RestrictedSoftmax.Params
+    stateless = True
 
 
 class FedNTD(FedAvg):
     name, term, Params = "fedntd", NotTrueDistillation, NotTrueDistillation.Params
+    stateless = True
 
 
 class FedFM(FedAvg):
     name, term, Params = "fedfm", ContrastiveGuiding, ContrastiveGuiding.Params
+    stateless = True
 
 
 class FedKA(FedAvg):
     name, term, Params = "fedka", KnowledgeAnchor, KnowledgeAnchor.Params
+    stateless = True

@@ -11,7 +11,7 @@ from hpcfl.algorithms.fedavg import FedAvg
 
 class FedAvgM(FedAvg):
     name = "fedavgm"
-    batched = True
+    batched = stateless = True
 
     @dataclass(frozen=True)
     class Params:

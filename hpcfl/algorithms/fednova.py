@@ -33,7 +33,7 @@ def normalising_steps(steps: int, momentum: float, lr_mu: float) -> float:
 
 class FedNova(FedAvg):
     name = "fednova"
-    batched = True
+    batched = stateless = True
 
     sgd_only = "its normalisation counts SGD steps (with momentum and prox)"
 

@@ -24,6 +24,7 @@ class Regularizer:
 
     needs_anchors: ClassVar[bool] = False
     needs_shared: ClassVar[bool] = False   # the run's shared set S (one sample per class) as client.shared
+    keeps_state: ClassVar[bool] = False    # `finish` writes client.state, so the client stays on one worker
     seed: int = 0                          # the run's seed, for terms that draw per (round, client)
     views: ClassVar[int] = 1       # 2: the trainer makes two augmented views of each batch (SupCon), and
                                    # `loss` gets their features as N x 2 x d (view 1 is what the task loss sees)

@@ -19,7 +19,7 @@ from hpcfl.regularizers.base import Frozen, Regularizer
 
 
 class Moon(Regularizer):
-    name = "moon"
+    name, keeps_state = "moon", True
 
     @dataclass(frozen=True)
     class Params:

@@ -26,7 +26,7 @@ from hpcfl.errors import ConfigError, HpcflError, TrainingFault
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
 from hpcfl.runtime.memory import peak_bytes, reset_peak
-from hpcfl.runtime.placement import assign_clients, pick_device
+from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, control, restore, resume_point, write_checkpoint
 from hpcfl.runtime.server import Server
@@ -55,7 +55,14 @@ class Job:
     cohorts: np.ndarray
     num_classes: int
     client_metrics: tuple[str, ...]       # the CLIENT_METRICS this run records
+    cost: np.ndarray | None = None        # per-round placement: each client's batches per epoch; None: fixed
     start_round: int = 0                  # > 0: resumed from a checkpoint taken after this many rounds
+
+    def hosts(self, cohort: list[int]) -> dict[int, int]:
+        """Sampled client -> the rank that trains it this round, the same on every rank."""
+        if self.cost is None:
+            return {c: self.transport.client_rank[c] for c in cohort}
+        return deal_cohort(cohort, self.cost, sorted(set(self.transport.client_rank.values())))
 
 
 def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0,
@@ -115,7 +122,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.run.seed)
                    if config.data.local_test_ratio > 0 else None)
     workers = [0] if transport.size == 1 else list(range(1, transport.size))
-    transport.client_rank = assign_clients(counts.sum(1), workers)
+    transport.client_rank = assign_clients(counts.sum(1), workers)    # each client's home; it trains there if fixed
 
     models = build_models(config, data.input_shape, data.num_classes, device)
     model = models[config.architectures[0]]       # the server's (the global model's architecture)
@@ -128,6 +135,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                           "drop the term or pick an image data set")
     shared = (shared_set(labels, data.num_classes, config.run.seed)
               if any(t.needs_shared for t in algorithm.regularizers) else None)
+    moving = config.run.placement != "fixed" and algorithm.moves_clients(config)
     worker = server = recorder = None
     if transport.rank in workers:
         clients = {}
@@ -136,7 +144,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         if shared is not None:
             shared_xy = data.train_x[torch.from_numpy(shared)].to(device), data.train_y[torch.from_numpy(shared)].to(device)
         for cid, rank in transport.client_rank.items():
-            if rank == transport.rank:
+            if moving or rank == transport.rank:
                 idx = torch.from_numpy(parts[cid])
                 clients[cid] = Client(cid, data.train_x[idx].to(device), data.train_y[idx].to(device), counts[cid],
                                       config.architecture(cid))
@@ -154,7 +162,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
         batched = BatchedTrainer(trainer, model, config.train.batched_clients) if config.train.batched_clients else None
         worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
-                        config.train.on_nonfinite == "drop", batched)
+                        config.train.on_nonfinite == "drop", batched, moving)
     if transport.is_server:
         server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device)
         if resume_file:
@@ -162,7 +170,6 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         else:
             recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
             recorder.write_array("partition", counts)
-            recorder.write_array("placement", np.array([transport.client_rank[c] for c in range(len(parts))]))
             if shared is not None:
                 recorder.write_array("shared_samples", shared)
         sizes = counts.sum(1)
@@ -177,8 +184,9 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
                 "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test,
                 "nonfinite": True}
+    cost = np.ceil(counts.sum(1) / config.train.batch_size) if moving else None
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
-               tuple(k for k, on in measured.items() if on))
+               tuple(k for k, on in measured.items() if on), cost)
 
 
 def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
@@ -205,6 +213,8 @@ def run(job: Job, log=print) -> bool:
         transport.round = round
         reset_peak()
         cohort = [int(c) for c in job.cohorts[round]]
+        hosts = job.hosts(cohort)
+        hosted = sorted(c for c in cohort if hosts[c] == transport.rank) if job.worker else []
         rows = np.zeros((cfg.data.num_clients, len(CLIENT_METRICS)))
         class_rows = np.zeros((cfg.data.num_clients, job.num_classes)) if cfg.eval.forgetting else None
         if cfg.eval.forgetting and job.server:        # the model this round starts from, tested once
@@ -213,7 +223,7 @@ def run(job: Job, log=print) -> bool:
         phase_s, bytes_down, bytes_up, bytes_exchange = {}, {}, {}, {}
         for phase in job.algorithm.phases(round):
             phase_start = time.perf_counter()
-            downlink, replies = _match(job, phase, round, cohort, bytes_up, bytes_down) if phase.gather else ({}, None)
+            downlink, replies = _match(job, phase, round, cohort, hosted, bytes_up, bytes_down) if phase.gather else ({}, None)
             packed = job.server.downlink(phase, round) if job.server else {}
             for name, layout in phase.downlink.items():
                 buf = transport.broadcast(name, packed.get(name))
@@ -221,10 +231,10 @@ def run(job: Job, log=print) -> bool:
                 bytes_down[name] = bytes_down.get(name, 0) + 4 * layout.numel * len(cohort)
             if phase.exchange is not None:
                 if job.worker:
-                    job.worker.exchange(phase, round, cohort, downlink, transport)
+                    job.worker.exchange(phase, round, hosted, downlink, transport)
                 moved = len(job.algorithm.exchange_sources(round))
                 bytes_exchange[phase.name] = bytes_exchange.get(phase.name, 0) + 4 * phase.exchange.numel * moved
-            sums = (job.worker.run_phase(phase, round, cohort, downlink, rows, CLIENT_METRICS, class_rows, replies)
+            sums = (job.worker.run_phase(phase, round, hosted, downlink, rows, CLIENT_METRICS, class_rows, replies)
                     if job.worker and phase.exchange is None
                     else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
             reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
@@ -236,11 +246,11 @@ def run(job: Job, log=print) -> bool:
         evaluation = _evaluate(job, round)
         if job.server:
             evaluation.update({f"round/{k}": v for k, v in job.algorithm.server_metrics(job.server.state).items()})
-        report = _report(job, rows if class_rows is None else np.concatenate([rows, class_rows], axis=1))
+        report = _report(job, rows if class_rows is None else np.concatenate([rows, class_rows], axis=1), hosted)
         if job.server:
             if start_acc is not None:
                 evaluation.update(_forgetting(job, cohort, report, start_acc))
-            _record(job, round, cohort, report, evaluation, phase_s, {"down": bytes_down, "up": bytes_up,
+            _record(job, round, hosts, report, evaluation, phase_s, {"down": bytes_down, "up": bytes_up,
                                                                       "exchange": bytes_exchange},
                     time.perf_counter() - start, log)
         faulty = _nonfinite(job, round, cohort, report, log) if job.server else []
@@ -272,16 +282,16 @@ def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray, log)
     return faulty
 
 
-def _match(job: Job, phase, round: int, cohort: list[int], bytes_up: dict, bytes_down: dict) -> tuple[dict, dict]:
+def _match(job: Job, phase, round: int, cohort: list[int], hosted: list[int], bytes_up: dict,
+           bytes_down: dict) -> tuple[dict, dict]:
     """The layer-wise matching collective that opens a matching phase: the sampled clients' tensors
     are gathered to the server, whose answer is broadcast (one tensor) and scattered (one per client).
     Returns (downlink with MATCHED's shared tensor, this rank's clients' replies)."""
     transport, device = job.transport, _device(job)
-    gathered = transport.gather(phase.name, job.worker.gather(phase, round, cohort) if job.worker else {})
+    gathered = transport.gather(phase.name, job.worker.gather(phase, round, hosted) if job.worker else {})
     shared, replies = job.server.match(phase, round, gathered) if job.server else (None, None)
     shared = transport.broadcast(phase.name, shared)
-    here = [c for c in cohort if transport.client_rank[c] == transport.rank] if job.worker else []
-    mine = transport.scatter(phase.name, replies, here)
+    mine = transport.scatter(phase.name, replies, hosted)
     if job.server:                      # what each client sends and receives, as for every payload
         bytes_up[phase.name] = bytes_up.get(phase.name, 0) + 4 * sum(v.size for v in gathered.values())
         bytes_down[phase.name] = bytes_down.get(phase.name, 0) + 4 * (shared.size * len(cohort) +
@@ -329,10 +339,10 @@ def _forgetting(job: Job, cohort: list[int], flat: np.ndarray, start_acc: np.nda
             "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
 
 
-def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
+def _report(job: Job, rows: np.ndarray, hosted: list[int]) -> np.ndarray | None:
     """Sum clients' metric rows and each rank's RANK_METRICS onto the server."""
     transport = job.transport
-    for cid in job.worker.clients if job.worker else ():
+    for cid in hosted:                  # the rank that trained a client this round gives its size
         rows[cid, CLIENT_METRICS.index("num_samples")] = job.worker.clients[cid].num_samples
     stats = transport.take_stats()
     ranks = np.zeros((transport.size, len(RANK_METRICS)))
@@ -348,12 +358,13 @@ def _report(job: Job, rows: np.ndarray) -> np.ndarray | None:
     return flat
 
 
-def _record(job, round, cohort, flat, evaluation, phase_s, moved, round_s, log) -> None:
-    cfg, n = job.config, job.config.data.num_clients
+def _record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, log) -> None:
+    cfg, n, cohort = job.config, job.config.data.num_clients, list(hosts)
     rows, _, ranks = _split_report(job, flat)
     sampled = np.zeros(n, dtype=bool)
     sampled[cohort] = True
-    values = {}
+    values = {"client/rank": np.full(n, np.nan)}
+    values["client/rank"][cohort] = [hosts[c] for c in cohort]
     for j, key in enumerate(CLIENT_METRICS[:-1]):
         if key in job.client_metrics:
             values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)

@@ -1,5 +1,6 @@
 """A worker: the clients one rank hosts, trained one after another on one reused model instance per
-architecture (one, unless model.architectures makes the clients heterogeneous).
+architecture (one, unless model.architectures makes the clients heterogeneous). With per-round
+placement it holds every client's data and trains those of the round's cohort dealt to it.
 
 Each phase, the worker adds every hosted sampled client's weighted uplink into one float64 buffer
 per payload, in increasing client id order, so the reduction over ranks sees one buffer per rank.
@@ -15,28 +16,31 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms.base import MATCHED, Algorithm, Client, Phase
+from hpcfl.errors import HpcflError
 from hpcfl.training import evaluate
 
 
 class Worker:
     def __init__(self, algorithm: Algorithm, clients: dict[int, Client], models: dict[str, torch.nn.Module], trainer,
-                 device, num_classes: int, eval_batch: int, drop_nonfinite: bool = False, batched=None):
+                 device, num_classes: int, eval_batch: int, drop_nonfinite: bool = False, batched=None,
+                 moving: bool = False):
         self.algorithm, self.clients, self.models, self.trainer, self.device = algorithm, clients, models, trainer, device
         self.num_classes, self.eval_batch = num_classes, eval_batch
         self.drop_nonfinite = drop_nonfinite       # a faulty client gets back its state of before the round
         self.batched = batched                     # a BatchedTrainer (train.batched_clients), or None
+        self.moving = moving                       # clients are dealt to workers per round: `clients` has them all
         self.compute_s = 0.0
 
-    def run_phase(self, phase: Phase, round: int, cohort: list[int], downlink: dict, rows: np.ndarray,
+    def run_phase(self, phase: Phase, round: int, hosted: list[int], downlink: dict, rows: np.ndarray,
                   metric_names: tuple[str, ...], class_rows: np.ndarray | None = None,
                   replies: dict[int, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
-        """Train this rank's sampled clients; returns the summed uplink buffers; fills `rows` (client x
-        metric) and, if given, `class_rows` (client x class: the trained model's test accuracy per class).
-        In a matching phase each client also gets its own reply, as downlink[MATCHED]["reply"]."""
+        """Train the sampled clients this rank hosts this round (`hosted`, increasing ids); returns the
+        summed uplink buffers; fills `rows` (client x metric) and, if given, `class_rows` (client x
+        class: the trained model's test accuracy per class). In a matching phase each client also gets
+        its own reply, as downlink[MATCHED]["reply"]."""
         start = time.perf_counter()
         sums = {name: _zeros(layout.numel, self.device) for name, layout in phase.uplink.items()}
         self.algorithm.receive(phase, round, downlink)
-        hosted = sorted(c for c in cohort if c in self.clients)
         trainer = self._trainer(phase, round, hosted, downlink)
         for cid in hosted:
             client = self.clients[cid]
@@ -51,6 +55,9 @@ class Worker:
                 err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
             client.state = {k: v.detach().cpu() for k, v in client.state.items()}
+            if self.moving and client.state:
+                raise HpcflError(f"algorithm '{self.algorithm.name}' declares stateless clients, but client {cid} "
+                                 f"kept {sorted(client.state)[:3]}: its class must not set `stateless`")
             if not _finite(contributions, metrics):            # left out of the sums; the server decides
                 rows[cid, metric_names.index("nonfinite")] = 1.0
                 if "train_loss" in metrics:
@@ -76,15 +83,15 @@ class Worker:
         start = self.algorithm.batch_start(phase, downlink) if self.batched and hosted else None
         return self.trainer if start is None else self.batched.train([self.clients[c] for c in hosted], round, start)
 
-    def gather(self, phase: Phase, round: int, cohort: list[int]) -> dict[int, np.ndarray]:
+    def gather(self, phase: Phase, round: int, hosted: list[int]) -> dict[int, np.ndarray]:
         """A matching phase's opening: the hosted sampled clients' tensors for the server."""
         start = time.perf_counter()
         out = {c: self.algorithm.gather_out(phase, round, self.clients[c]).detach().to(torch.float64).cpu().numpy().ravel()
-               for c in sorted(cohort) if c in self.clients}
+               for c in hosted}
         self.compute_s += time.perf_counter() - start
         return out
 
-    def exchange(self, phase: Phase, round: int, cohort: list[int], downlink: dict, transport) -> None:
+    def exchange(self, phase: Phase, round: int, hosted: list[int], downlink: dict, transport) -> None:
         """A swap phase: the hosted sampled clients hand their tensors to their receivers (in memory
         on this rank, point to point across ranks); every worker reaches it with all its clients at
         the same point of training, so no rank waits on a partner that is still training."""
@@ -93,7 +100,7 @@ class Worker:
         sources = self.algorithm.exchange_sources(round)
         involved = set(sources) | set(sources.values())
         items = {c: phase.exchange.pack(self.algorithm.exchange_out(phase, self.clients[c])).cpu().numpy()
-                 for c in sorted(cohort) if c in self.clients and c in involved}
+                 for c in hosted if c in involved}
         for cid, buf in transport.exchange(phase.name, sources, items).items():
             flat = torch.from_numpy(np.asarray(buf, dtype=np.float64))
             self.algorithm.exchange_in(phase, self.clients[cid], phase.exchange.unpack(flat))

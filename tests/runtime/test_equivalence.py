@@ -61,3 +61,38 @@ def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
             assert (state[:, 0] == 0).all() or comm.Get_size() == 1           # the server hosts no client
     finally:
         comm.Barrier()
+
+
+@pytest.mark.parametrize("placement", ["per_round", "fixed"])
+def test_clients_train_where_the_placement_puts_them(placement, tmp_path):
+    """Per round: each round's cohort dealt by size (deal_cohort over batches per epoch); fixed: a client
+    trains on one rank all run. Either way the metrics are the one-process run's."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcfl.runtime.placement import deal_cohort
+    from hpcfl.transport import LocalTransport
+    from hpcfl.transport.mpi import MpiTransport
+
+    comm = MPI.COMM_WORLD
+    root = comm.bcast(str(tmp_path), root=0)
+    sets = [f"run.placement='{placement}'", "data.num_clients=9", "train.clients_per_round=5"]
+    _execute(_job("fedprox", root, "ranks", *sets), MpiTransport({}, comm))
+    try:
+        if comm.Get_rank() == 0:
+            _execute(_job("fedprox", root, "one", *sets), LocalTransport({}))
+            assert_same_metrics(run_metrics(tmp_path / "eq" / "one.h5"), run_metrics(tmp_path / "eq" / "ranks.h5"))
+            arrays = read_run(tmp_path / "eq" / "ranks.h5").arrays
+            trained_on = arrays["client/rank"]
+            workers = list(range(1, comm.size)) or [0]
+            cost = np.ceil(arrays["partition"].sum(1) / 16)
+            for row in trained_on:
+                cohort = np.flatnonzero(np.isfinite(row)).tolist()
+                assert len(cohort) == 5 and set(row[cohort]) <= set(workers)
+                if placement == "per_round":
+                    assert {c: int(row[c]) for c in cohort} == deal_cohort(cohort, cost, workers)
+            if placement == "fixed":
+                for client in trained_on.T:
+                    assert len(set(client[np.isfinite(client)])) <= 1          # never moves
+    finally:
+        comm.Barrier()

@@ -1,4 +1,5 @@
-"""assign_clients: deterministic, counts balanced to +-1, data sizes balanced within that; pick_device."""
+"""assign_clients: deterministic, counts balanced to +-1, data sizes balanced within that; deal_cohort
+(per-round placement): longest first, within Graham's bound of the best split; pick_device."""
 from collections import Counter
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from hpcfl.errors import ConfigError
-from hpcfl.runtime.placement import assign_clients, pick_device
+from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device
 
 
 def check_counts(assignment, n_clients, workers):
@@ -92,3 +93,55 @@ def test_cuda_without_a_gpu_fails_naming_the_setting_and_auto_falls_back_with_a_
     said = []
     assert pick_device("auto", 0, said.append) == torch.device("cpu")
     assert "warning" in said[0] and "run.device = 'auto'" in said[0]
+
+
+def makespan(deal, cost):
+    load = Counter()
+    for c, w in deal.items():
+        load[w] += cost[c]
+    return max(load.values())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_dealing_a_cohort_is_within_grahams_bound_of_the_best(seed):
+    # Longest processing time first is within 4/3 - 1/(3W) of the best split; checked by brute force.
+    import itertools
+
+    rng = np.random.default_rng(seed)
+    cost = np.ceil(rng.dirichlet([0.3] * 12) * 3000)        # Dirichlet-skewed client sizes, in batches
+    cohort = sorted(rng.choice(12, size=7, replace=False).tolist())
+    workers = [1, 2, 3][:2 + seed % 2]
+    deal = deal_cohort(cohort, cost, workers)
+    assert sorted(deal) == cohort and set(deal.values()) <= set(workers)
+    best = min(makespan(dict(zip(cohort, split)), cost) for split in itertools.product(workers, repeat=len(cohort)))
+    assert makespan(deal, cost) <= (4 / 3 - 1 / (3 * len(workers))) * best + 1e-9
+
+
+def test_dealing_is_deterministic_and_puts_the_largest_first_on_the_lowest_rank():
+    cost = np.array([5.0, 9.0, 9.0, 1.0, 4.0])
+    deal = deal_cohort([4, 3, 2, 1, 0], cost, [1, 2])
+    assert deal == deal_cohort([0, 1, 2, 3, 4], cost.copy(), [1, 2])
+    assert deal[1] == 1 and deal[2] == 2                   # equal costs: the lower id to the lower rank
+    assert makespan(deal, cost) == 14                      # 9 + 5 | 9 + 4 + 1
+
+
+def test_dealing_spreads_equal_clients_evenly_and_leaves_extra_workers_idle():
+    deal = deal_cohort(list(range(7)), np.ones(7), [1, 2, 3])
+    assert sorted(Counter(deal.values()).values()) == [2, 2, 3]
+    assert set(deal_cohort([3, 8], np.ones(10), [1, 2, 3, 4]).values()) == {1, 2}
+
+
+def test_dealt_rounds_are_balanced_where_fixed_placement_is_not_on_dirichlet_clients():
+    # What per-round placement is for: Dir(0.1) over 20 clients, 10 per round, 2 workers, 200 rounds.
+    from hpcfl.data.partition import partition
+    from hpcfl.seeding import cohort_schedule
+
+    parts = partition(np.repeat(np.arange(10), 6000), 20, "dirichlet", {"beta": 0.1}, 0)
+    cost = np.ceil(np.array([len(p) for p in parts]) / 32)
+    home = assign_clients(cost, [1, 2])
+    fixed, dealt = [], []
+    for cohort in cohort_schedule(0, 200, 20, 10).tolist():
+        mean = cost[cohort].sum() / 2
+        fixed.append(makespan({c: home[c] for c in cohort}, cost) / mean - 1)     # busiest over the mean
+        dealt.append(makespan(deal_cohort(cohort, cost, [1, 2]), cost) / mean - 1)
+    assert np.mean(dealt) < 0.05 < 0.15 < np.mean(fixed), (np.mean(dealt), np.mean(fixed))
