@@ -1,9 +1,9 @@
 """Runner overhead: hpcfl's FedAvg against the floor, the same local training in a plain PyTorch loop.
 
 The floor trains exactly the same clients, epochs and batches (same partition, cohort schedule,
-batch order, model, optimizer and placement of clients on trainers), sums the weighted models with
-one raw MPI `Allreduce` when it runs as several processes, and evaluates once at the end, as the
-runner is told to (eval.every = rounds). Three comparisons, each printed with its ratio:
+batch order, model and optimizer, and each round's clients dealt to the trainers as the runner
+deals them), sums the weighted models with one raw MPI `Allreduce` when it runs as several
+processes, and evaluates once at the end, as the runner is told to (eval.every = rounds). Three comparisons, each printed with its ratio:
 
 1. training time (the rounds only), both in this process;
 2. the whole process, start-up included: `python -m hpcfl.launch` against `python bench/overhead.py --floor`;
@@ -32,7 +32,7 @@ from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.models import build_model
-from hpcfl.runtime.placement import assign_clients
+from hpcfl.runtime.placement import deal_cohort
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer, evaluate
 
@@ -41,15 +41,15 @@ MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 
 def floor(cfg, comm=None) -> float:
     """Seconds of the rounds of plain FedAvg; this process trains the clients the runner's placement
-    gives trainer `rank` of `size`, and the weighted models are summed with one Allreduce."""
+    deals trainer `rank` of `size` each round, and the weighted models are summed with one Allreduce."""
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
     data = load_dataset(cfg.data.dataset, resolve_data_root(cfg.data.root or None))
     parts = partition(data.train_y.numpy(), cfg.data.num_clients, cfg.data.partition, cfg.data.partition_params,
                       cfg.run.seed, cfg.data.min_samples)
-    mine = assign_clients(np.array([len(p) for p in parts]), list(range(size)))
+    cost = np.ceil(np.array([len(p) for p in parts]) / cfg.train.batch_size)
     cohorts = cohort_schedule(cfg.run.seed, cfg.run.rounds, cfg.data.num_clients, cfg.train.clients_per_round)
-    xs = {c: data.train_x[torch.from_numpy(p)] for c, p in enumerate(parts) if mine[c] == rank}
-    ys = {c: data.train_y[torch.from_numpy(p)] for c, p in enumerate(parts) if mine[c] == rank}
+    xs = {c: data.train_x[torch.from_numpy(p)] for c, p in enumerate(parts)}
+    ys = {c: data.train_y[torch.from_numpy(p)] for c, p in enumerate(parts)}
     torch.manual_seed(torch_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model.name, data.input_shape, data.num_classes)
     batches = LocalTrainer(cfg.train, cfg.run.seed).batches          # the runner's batch order
@@ -58,7 +58,8 @@ def floor(cfg, comm=None) -> float:
     flat_global = torch.nn.utils.parameters_to_vector(params).detach().double()
     for round in range(cfg.run.rounds):
         total = torch.zeros(flat_global.numel() + 1, dtype=torch.float64)
-        for c in (int(c) for c in cohorts[round] if mine[int(c)] == rank):
+        hosts = deal_cohort(cohorts[round].tolist(), cost, list(range(size)))
+        for c in sorted(c for c, r in hosts.items() if r == rank):
             torch.nn.utils.vector_to_parameters(flat_global.float(), params)
             opt = torch.optim.SGD(params, lr=cfg.train.lr, momentum=cfg.train.momentum)
             for idx in batches(len(ys[c]), round, c, "cpu"):

@@ -3,10 +3,10 @@
 Fixed placement: clients are assigned to workers once, deterministically, so their state never
 moves: equal client counts per worker (+-1), and within that, data sizes balanced greedily (largest
 client first to the least-loaded worker). Balanced over all clients, a worker's share of one
-round's random cohort still varies: on Dirichlet(0.1) clients, the slowest of two workers took 13 %
-longer than the mean. Clients that keep no state can move, so for them every round's cohort is
-dealt afresh (`deal_cohort`, longest processing time first: Graham's 4/3 bound). Devices: the node-local rank picks the GPU (`local_rank % n_gpus`, honouring
-CUDA_VISIBLE_DEVICES through torch); CPU ranks get a fixed number of intra-op threads, because
+round's random cohort still varies, and the others wait for the busiest. Clients that keep no state
+can move, so for them every round's cohort is dealt afresh (`deal_cohort`, longest processing time
+first: within Graham's 4/3 of the best split). Devices: the node-local rank picks the GPU
+(`local_rank % n_gpus`, honouring CUDA_VISIBLE_DEVICES through torch); CPU ranks get a fixed number of intra-op threads, because
 oversubscribed torch threads run small models many times slower (10x measured on 2 vCPUs).
 """
 import numpy as np

@@ -32,7 +32,7 @@ class Transport:
     timeout_s: float = 0.0      # run.round_timeout_s: how long a collective waits for a silent rank
 
     def __init__(self, client_rank: dict[int, int]):
-        self.client_rank = dict(client_rank)      # client id -> rank hosting it; fixed for the run
+        self.client_rank = dict(client_rank)      # client id -> its home rank (where it trains unless dealt per round)
         self.stats = TransportStats()
 
     @property
