@@ -73,10 +73,12 @@ def normalise(pixels: np.ndarray, scale: float, mean: tuple[float, ...], std: tu
 
 def image_dataset(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
                    num_classes: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Dataset:
-    """A Dataset from uint8 N x C x H x W pixels and integer labels."""
+    """A Dataset from uint8 N x C x H x W pixels and integer labels; train pixels None (a loader told
+    to skip the training images): train_x has no rows."""
+    test_x = normalise(test[0], 255.0, mean, std)
     return Dataset(name=name,
-                   train_x=normalise(train[0], 255.0, mean, std),
+                   train_x=normalise(train[0], 255.0, mean, std) if train[0] is not None else test_x[:0],
                    train_y=torch.from_numpy(np.asarray(train[1], dtype=np.int64)),
-                   test_x=normalise(test[0], 255.0, mean, std),
+                   test_x=test_x,
                    test_y=torch.from_numpy(np.asarray(test[1], dtype=np.int64)),
                    num_classes=num_classes, mean=mean, std=std)

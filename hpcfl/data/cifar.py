@@ -56,8 +56,10 @@ def _read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[n
 
 
 def _load_cifar(root: Path, name: str, title: str, folder: str, train_files: tuple[str, ...],
-                test_files: tuple[str, ...], label_key: bytes, num_classes: int, mean, std, tv_class: str) -> Dataset:
-    """CIFAR from torchvision's (= the official archive's) folder under `root`."""
+                test_files: tuple[str, ...], label_key: bytes, num_classes: int, mean, std, tv_class: str,
+                train_images: bool = True) -> Dataset:
+    """CIFAR from torchvision's (= the official archive's) folder under `root` (the training images
+    normalised only if `train_images`: each batch file holds both, so they are read anyway)."""
     base = root / folder
     files = [base / f for f in (*train_files, *test_files)]
     if not all(p.is_file() for p in files):
@@ -67,7 +69,9 @@ def _load_cifar(root: Path, name: str, title: str, folder: str, train_files: tup
         parts = [_read_cifar_batch(base / n, label_key, num_classes) for n in names]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    return image_dataset(name, read(train_files), read(test_files), num_classes, mean, std)
+    train_pixels, train_labels = read(train_files)
+    return image_dataset(name, (train_pixels if train_images else None, train_labels), read(test_files),
+                         num_classes, mean, std)
 
 
 load_cifar10 = partial(_load_cifar, name="cifar10", title="CIFAR-10", folder="cifar-10-batches-py",

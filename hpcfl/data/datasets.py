@@ -4,6 +4,7 @@ rarely reach the internet), plus scikit-learn's bundled digits and a seeded synt
 One module per file format: idx (Fashion-MNIST, MNIST, EMNIST letters), cifar, folders (CINIC-10,
 Tiny-ImageNet), leaf (Shakespeare); base holds what they share.
 """
+import dataclasses
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -84,7 +85,16 @@ def _load_digits(root: Path) -> Dataset:
     )
 
 
-DATASETS: dict[str, Callable[[Path], Dataset]] = {
+def _inputs_cheap(loader: Callable[[Path], Dataset]) -> Callable[[Path, bool], Dataset]:
+    """A set whose training inputs cost little to make (bundled, generated or text): made anyway, and
+    dropped when not wanted."""
+    def load(root: Path, train_images: bool = True) -> Dataset:
+        data = loader(root)
+        return data if train_images else dataclasses.replace(data, train_x=data.train_x[:0])
+    return load
+
+
+DATASETS: dict[str, Callable[[Path, bool], Dataset]] = {
     "fashion_mnist": partial(load_idx_set, FASHION_MNIST),
     "mnist": partial(load_idx_set, MNIST),
     "emnist_letters": partial(load_idx_set, EMNIST_LETTERS),
@@ -92,14 +102,16 @@ DATASETS: dict[str, Callable[[Path], Dataset]] = {
     "cifar100": load_cifar100,
     "cinic10": load_cinic10,
     "tiny_imagenet": load_tiny_imagenet,
-    "shakespeare": load_shakespeare,
-    "synthetic": _load_synthetic,
-    "digits": _load_digits,
+    "shakespeare": _inputs_cheap(load_shakespeare),
+    "synthetic": _inputs_cheap(_load_synthetic),
+    "digits": _inputs_cheap(_load_digits),
 }
 
 
-def load_dataset(name: str, root: Path) -> Dataset:
-    """The data set `name` from `root`; an unknown name is a config error listing the valid ones."""
+def load_dataset(name: str, root: Path, train_images: bool = True) -> Dataset:
+    """The data set `name` from `root`; an unknown name is a config error listing the valid ones.
+    train_images=False (the server: it needs the labels and the test set): train_x has no rows, and
+    the image-file sets do not decode or normalise the training images at all."""
     if name not in DATASETS:
         raise ConfigError(f"data.dataset = {name!r} is not a known data set; valid: {', '.join(sorted(DATASETS))}")
-    return DATASETS[name](Path(root))
+    return DATASETS[name](Path(root), train_images=train_images)

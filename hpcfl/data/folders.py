@@ -41,8 +41,9 @@ def _image_folder(folder: Path) -> tuple[list[str], list[str], np.ndarray]:
     return tree.classes, [p for p, _ in tree.samples], np.array([c for _, c in tree.samples], dtype=np.int64)
 
 
-def load_cinic10(root: Path) -> Dataset:
-    """CINIC-10 (32x32 RGB): train + valid (180,000 images) form the training set, as is usual; test is the test set."""
+def load_cinic10(root: Path, train_images: bool = True) -> Dataset:
+    """CINIC-10 (32x32 RGB): train + valid (180,000 images) form the training set, as is usual (decoded
+    only if `train_images`); test is the test set."""
     folders = [root / "cinic10", root / "CINIC-10"]
     base = next((f for f in folders if all((f / s).is_dir() for s in ("train", "valid", "test"))), None)
     if base is None:
@@ -55,13 +56,15 @@ def load_cinic10(root: Path) -> Dataset:
         if tuple(classes) != CIFAR10_CLASSES:
             raise DataError(f"{base / split} has class folders {classes}, not CINIC-10's {list(CIFAR10_CLASSES)}; "
                             "re-extract the archive")
-    train = (_decode_images(paths["train"] + paths["valid"], 32), np.concatenate([labels["train"], labels["valid"]]))
+    train = (_decode_images(paths["train"] + paths["valid"], 32) if train_images else None,
+             np.concatenate([labels["train"], labels["valid"]]))
     test = (_decode_images(paths["test"], 32), labels["test"])
     return image_dataset("cinic10", train, test, 10, _CINIC10_MEAN, _CINIC10_STD)
 
 
-def load_tiny_imagenet(root: Path) -> Dataset:
-    """Tiny-ImageNet (64x64 RGB, 200 classes): its labelled val split is the test set (test/ has no labels).
+def load_tiny_imagenet(root: Path, train_images: bool = True) -> Dataset:
+    """Tiny-ImageNet (64x64 RGB, 200 classes): its labelled val split is the test set (test/ has no labels);
+    the training images are decoded only if `train_images`.
 
     Class c is the c-th wnid in sorted order (ImageFolder's order); wnids.txt must list exactly train's folders."""
     base = root / "tiny-imagenet-200"
@@ -86,6 +89,6 @@ def load_tiny_imagenet(root: Path) -> Dataset:
             raise DataError(f"{needed[3]} line {line_no} is not '<file>\\t<wnid from wnids.txt>...': {line!r}")
         test_paths.append(str(needed[2] / fields[0]))
         test_labels.append(index[fields[1]])
-    return image_dataset("tiny_imagenet", (_decode_images(train_paths, 64), train_labels),
+    return image_dataset("tiny_imagenet", (_decode_images(train_paths, 64) if train_images else None, train_labels),
                           (_decode_images(test_paths, 64), np.array(test_labels, dtype=np.int64)),
                           len(wnids), _TINY_IMAGENET_MEAN, _TINY_IMAGENET_STD)

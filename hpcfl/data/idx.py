@@ -67,8 +67,9 @@ def _find_idx(folder: Path, name: str) -> Path | None:
     return None
 
 
-def load_idx_set(spec: _IdxSet, root: Path) -> Dataset:
-    """An IDX set from the first folder under `root` that holds all four files."""
+def load_idx_set(spec: _IdxSet, root: Path, train_images: bool = True) -> Dataset:
+    """An IDX set from the first folder under `root` that holds all four files (the training images
+    only if `train_images`)."""
     folders = [root / f if f else root for f in spec.folders]
     for folder in folders:
         paths = [_find_idx(folder, name) for name in spec.files]
@@ -76,18 +77,19 @@ def load_idx_set(spec: _IdxSet, root: Path) -> Dataset:
             break
     else:
         raise not_found(spec.title, folders, ", ".join(f + "(.gz)" for f in spec.files), spec.fix(root))
-    train_img, train_lbl, test_img, test_lbl = (read_idx(p) for p in paths)
+    train_img, train_lbl, test_img, test_lbl = (read_idx(p) if train_images or p != paths[0] else None for p in paths)
     last = spec.first_label + spec.num_classes - 1
     for img, lbl, img_path, lbl_path in ((train_img, train_lbl, paths[0], paths[1]),
                                          (test_img, test_lbl, paths[2], paths[3])):
-        if (img.ndim != 3 or img.shape[1:] != (28, 28) or lbl.ndim != 1 or len(img) != len(lbl)
+        bad_images = img is not None and (img.ndim != 3 or img.shape[1:] != (28, 28) or len(img) != len(lbl))
+        if (bad_images or lbl.ndim != 1
                 or lbl.min(initial=spec.first_label) < spec.first_label or lbl.max(initial=last) > last):
             raise DataError(f"{img_path} ({img.shape}) and {lbl_path} ({lbl.shape}) are not a matching {spec.title} "
                             f"pair of 28x28 images and labels {spec.first_label}..{last}; "
                             "replace them with intact copies")
 
     def pixels(img):
-        return (img.transpose(0, 2, 1) if spec.transposed else img)[:, None]
+        return None if img is None else (img.transpose(0, 2, 1) if spec.transposed else img)[:, None]
 
     return image_dataset(spec.name, (pixels(train_img), train_lbl.astype(np.int64) - spec.first_label),
                           (pixels(test_img), test_lbl.astype(np.int64) - spec.first_label),

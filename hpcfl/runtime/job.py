@@ -111,7 +111,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     torch.set_num_threads(config.run.threads)
     info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
     root = resolve_data_root(data_root or config.data.root or None)
-    data = load_dataset(config.data.dataset, root)
+    workers = [0] if transport.size == 1 else list(range(1, transport.size))
+    data = load_dataset(config.data.dataset, root, train_images=transport.rank in workers)
     labels = data.train_y.numpy()
     parts = partition(labels, config.data.num_clients, config.data.partition, config.data.partition_params,
                       config.run.seed, config.data.min_samples, data.groups)
@@ -121,7 +122,6 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     counts = count_matrix(labels, parts, data.num_classes)
     local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.run.seed)
                    if config.data.local_test_ratio > 0 else None)
-    workers = [0] if transport.size == 1 else list(range(1, transport.size))
     transport.client_rank = assign_clients(counts.sum(1), workers)    # each client's home; it trains there if fixed
 
     models = build_models(config, data.input_shape, data.num_classes, device)

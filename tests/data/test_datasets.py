@@ -56,6 +56,9 @@ def _assert_same(a: Dataset, b: Dataset):
 def test_uncompressed_flat_root_loads_identically(fashion, tmp_path):
     _uncompress(FASHION_DIR, tmp_path)
     _assert_same(load_dataset("fashion_mnist", tmp_path), fashion)
+    _assert_server_view("fashion_mnist", tmp_path, fashion)
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"not idx")
+    _assert_server_view("fashion_mnist", tmp_path, fashion)             # the training images are never read
 
 
 def test_torchvision_layout_loads_identically(fashion, tmp_path):
@@ -106,6 +109,7 @@ def test_read_idx_round_trip(tmp_path):
 
 def test_digits_shapes_and_stratified_split():
     d = load_dataset("digits", DEBIAN_ROOT)
+    _assert_server_view("digits", DEBIAN_ROOT, d)
     assert d.input_shape == (1, 8, 8) and d.num_classes == 10
     assert len(d.train_x) + len(d.test_x) == 1797 and d.train_x.dtype == torch.float32
     assert abs(d.train_x.mean().item()) < 1e-3 and abs(d.train_x.std().item() - 1) < 1e-3
@@ -135,6 +139,16 @@ def test_unknown_dataset_is_config_error():
 
 
 # ---------------------------------------------------------------- fixtures in the real formats
+
+def _assert_server_view(name, root, whole: Dataset):
+    """What the server loads (train_images=False): no training inputs, everything else the same."""
+    server = load_dataset(name, root, train_images=False)
+    assert server.train_x.shape == (0, *whole.input_shape) and server.input_shape == whole.input_shape
+    assert torch.equal(server.train_y, whole.train_y) and torch.equal(server.test_x, whole.test_x)
+    assert torch.equal(server.test_y, whole.test_y) and (server.mean, server.std) == (whole.mean, whole.std)
+    assert np.array_equal(server.groups, whole.groups) or server.groups is whole.groups is None
+    return server
+
 
 def _write_idx(path, array: np.ndarray, compress=True):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +181,7 @@ def test_mnist_from_each_layout(tmp_path, folder, compress):
         _write_idx(base / f"{prefix}-images-idx3-ubyte{'.gz' * compress}", img[sl], compress)
         _write_idx(base / f"{prefix}-labels-idx1-ubyte{'.gz' * compress}", lbl[sl], compress)
     d = load_dataset("mnist", tmp_path)
+    _assert_server_view("mnist", tmp_path, d)
     assert d.input_shape == (1, 28, 28) and len(d.train_x) == 20 and len(d.test_x) == 10
     assert torch.equal(d.train_y, torch.from_numpy(lbl[:20].astype(np.int64)))
     _assert_normalised(d, "mnist", img[:20, None], img[20:, None], 10)
@@ -232,6 +247,7 @@ def test_cifar10_reads_python2_batches_in_order(tmp_path):
         sl = slice(2 * k, 2 * k + (3 if name == "test_batch" else 2))
         (base / name).write_bytes(_py2_cifar_batch(data[sl], labels[sl], b"labels"))
     d = load_dataset("cifar10", tmp_path)
+    _assert_server_view("cifar10", tmp_path, d)
     assert d.input_shape == (3, 32, 32) and len(d.train_x) == 10 and len(d.test_x) == 3
     assert d.train_y.tolist() == labels[:10].tolist() and d.test_y.tolist() == labels[10:].tolist()
     pixels = data.reshape(-1, 3, 32, 32)                                # rows are R plane, G plane, B plane
@@ -299,6 +315,9 @@ def test_cinic10_train_and_valid_form_the_training_set(tmp_path):
                 Image.fromarray(img).save(folder / f"{split}_{c}.png")
             pixels[split, c] = img.transpose(2, 0, 1)
     d = load_dataset("cinic10", tmp_path)
+    _assert_server_view("cinic10", tmp_path, d)
+    (tmp_path / "cinic10" / "train" / CINIC_CLASSES[0] / "train_0.png").write_bytes(b"not a png")
+    _assert_server_view("cinic10", tmp_path, d)                        # the training images are never decoded
     assert d.input_shape == (3, 32, 32) and d.num_classes == 10
     assert torch.equal(d.train_y, torch.arange(10).repeat(2)) and torch.equal(d.test_y, torch.arange(10))
     train = np.stack([pixels["train", c] for c in range(10)] + [pixels["valid", c] for c in range(10)])
@@ -340,6 +359,7 @@ def test_tiny_imagenet_val_split_is_the_test_set(tmp_path):
         lines.append(f"val_{j}.JPEG\t{w}\t0\t0\t63\t63")
     (base / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
     d = load_dataset("tiny_imagenet", tmp_path)
+    _assert_server_view("tiny_imagenet", tmp_path, d)
     order = sorted(wnids)
     assert d.num_classes == 3 and d.input_shape == (3, 64, 64) and len(d.train_x) == 6
     assert torch.equal(d.train_y, torch.tensor([0, 0, 1, 1, 2, 2]))
@@ -374,6 +394,7 @@ def test_shakespeare_leaf_json_with_users_as_groups(tmp_path, layout):
     _leaf_file(base / "train" / "a.json", {"KING_LEAR": (lines[:2], ["a", "\n"]), "CORDELIA": ([lines[2]], ["Z"])})
     _leaf_file(base / "test" / "all.json", {"KING_LEAR": ([lines[4]], [" "]), "EDGAR": (lines[5:7], ["?", "0"])})
     d = load_dataset("shakespeare", tmp_path)
+    _assert_server_view("shakespeare", tmp_path, d)
     assert d.num_classes == 80 and d.input_shape == (80,) and d.mean is None
     assert d.train_x.dtype == torch.int64 and d.train_y.dtype == torch.int64
     encode = lambda s: [SHAKESPEARE_VOCAB.index(ch) for ch in s]  # noqa: E731
@@ -398,6 +419,7 @@ def test_shakespeare_bad_samples_name_the_file(tmp_path, x, y, match):
 
 def test_synthetic_is_deterministic_standardised_and_learnable_but_not_trivial():
     d = load_dataset("synthetic", DEBIAN_ROOT / "unused")
+    _assert_server_view("synthetic", DEBIAN_ROOT, d)
     assert d.input_shape == (1, 8, 8) and d.num_classes == 10 and d.groups is None
     assert len(d.train_x) == 60000 and len(d.test_x) == 10000 and d.train_x.dtype == torch.float32
     assert abs(d.train_x.mean().item()) < 0.05 and abs(d.train_x.std().item() - 1) < 0.05
