@@ -26,7 +26,7 @@ from hpcfl.errors import ConfigError, HpcflError, TrainingFault
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
 from hpcfl.runtime.memory import peak_bytes, reset_peak
-from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device
+from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, control, restore, resume_point, write_checkpoint
 from hpcfl.runtime.server import Server
@@ -62,7 +62,7 @@ class Job:
         """Sampled client -> the rank that trains it this round, the same on every rank."""
         if self.cost is None:
             return {c: self.transport.client_rank[c] for c in cohort}
-        return deal_cohort(cohort, self.cost, sorted(set(self.transport.client_rank.values())))
+        return deal_cohort(cohort, self.cost, worker_ranks(self.transport.size))
 
 
 def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0,
@@ -111,7 +111,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     torch.set_num_threads(config.run.threads)
     info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
     root = resolve_data_root(data_root or config.data.root or None)
-    workers = [0] if transport.size == 1 else list(range(1, transport.size))
+    workers = worker_ranks(transport.size)
     data = load_dataset(config.data.dataset, root, train_images=transport.rank in workers)
     labels = data.train_y.numpy()
     parts = partition(labels, config.data.num_clients, config.data.partition, config.data.partition_params,

@@ -15,6 +15,11 @@ import torch
 from hpcfl.errors import ConfigError
 
 
+def worker_ranks(size: int) -> list[int]:
+    """The ranks that train clients: every rank but the server's, or the only one."""
+    return [0] if size == 1 else list(range(1, size))
+
+
 def assign_clients(sizes: np.ndarray, workers: list[int]) -> dict[int, int]:
     """client id -> worker rank; balanced counts first, then balanced data size."""
     # Every worker ends with `base` or `base + 1` clients, and exactly `extra` of them with base + 1:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hpcfl.errors import ConfigError
-from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device
+from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device, worker_ranks
 
 
 def check_counts(assignment, n_clients, workers):
@@ -145,3 +145,7 @@ def test_dealt_rounds_are_balanced_where_fixed_placement_is_not_on_dirichlet_cli
         fixed.append(makespan({c: home[c] for c in cohort}, cost) / mean - 1)     # busiest over the mean
         dealt.append(makespan(deal_cohort(cohort, cost, [1, 2]), cost) / mean - 1)
     assert np.mean(dealt) < 0.05 < 0.15 < np.mean(fixed), (np.mean(dealt), np.mean(fixed))
+
+
+def test_every_rank_but_the_server_trains_unless_there_is_only_one():
+    assert worker_ranks(1) == [0] and worker_ranks(2) == [1] and worker_ranks(5) == [1, 2, 3, 4]
