@@ -3,7 +3,8 @@
 The floor trains exactly the same clients, epochs and batches (same partition, cohort schedule,
 batch order, model and optimizer, and each round's clients dealt to the trainers as the runner
 deals them), sums the weighted models with one raw MPI `Allreduce` when it runs as several
-processes, and evaluates once at the end, as the runner is told to (eval.every = rounds). Three comparisons, each printed with its ratio:
+processes, and evaluates once at the end, as the runner is told to (eval.every = rounds). Three
+comparisons, each printed with its ratio:
 
 1. training time (the rounds only), both in this process;
 2. the whole process, start-up included: `python -m hpcfl.launch` against `python bench/overhead.py --floor`;
@@ -32,7 +33,7 @@ from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.models import build_model
-from hpcfl.runtime.placement import deal_cohort
+from hpcfl.runtime.placement import client_cost, deal_cohort
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer, evaluate
 
@@ -46,7 +47,7 @@ def floor(cfg, comm=None) -> float:
     data = load_dataset(cfg.data.dataset, resolve_data_root(cfg.data.root or None))
     parts = partition(data.train_y.numpy(), cfg.data.num_clients, cfg.data.partition, cfg.data.partition_params,
                       cfg.run.seed, cfg.data.min_samples)
-    cost = np.ceil(np.array([len(p) for p in parts]) / cfg.train.batch_size)
+    cost = client_cost([len(p) for p in parts], cfg.train.batch_size)
     cohorts = cohort_schedule(cfg.run.seed, cfg.run.rounds, cfg.data.num_clients, cfg.train.clients_per_round)
     xs = {c: data.train_x[torch.from_numpy(p)] for c, p in enumerate(parts)}
     ys = {c: data.train_y[torch.from_numpy(p)] for c, p in enumerate(parts)}

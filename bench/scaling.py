@@ -39,7 +39,7 @@ import numpy as np
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import load_job
 from hpcfl.metrics import read_run
-from hpcfl.runtime.placement import assign_clients, deal_cohort
+from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, worker_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 MPIRUN = str(Path(sys.executable).with_name("mpirun"))
@@ -96,7 +96,7 @@ def busiest_load(sizes: np.ndarray, per_round: int, workers: int, batch: int, de
     """The busiest worker's expected load in the cohort's mean clients (batches per epoch), cohorts
     uniform, placed as the runner does: dealt per round, or each client on its fixed home."""
     rng = np.random.default_rng(seed)
-    cost, ranks = np.ceil(sizes / batch), list(range(1, workers + 1))
+    cost, ranks = client_cost(sizes, batch), worker_ranks(workers + 1)
     home = assign_clients(sizes, ranks)
     loads = []
     for _ in range(DRAWS):
@@ -164,7 +164,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         points = [measure(run_job(args.job, w, args.rounds, args.overrides, Path(tmp)), w) for w in workers]
     print_measured(points)
-    dealt = cfg.run.placement != "fixed" and ALGORITHMS[cfg.algorithm.name].moves_clients(cfg)
+    dealt = ALGORITHMS[cfg.algorithm.name].moves_clients(cfg)
     print(f"placement: {'dealt per round' if dealt else 'fixed'}")
     print_model(points, cfg.train.clients_per_round, cfg.train.batch_size, dealt)
 

@@ -129,10 +129,11 @@ class Algorithm:
 
     @classmethod
     def moves_clients(cls, job: JobConfig) -> bool:
-        """Whether this job may deal each round's sampled clients to any worker (run.placement):
-        a stateless algorithm whose terms keep no state, with the BatchNorm layers shared."""
+        """Whether this job deals each round's sampled clients to any worker: run.placement is not
+        'fixed', and the algorithm is stateless, its terms keep no state and BatchNorm is shared."""
         terms = [*job.algorithm.regularizers, *([cls.term.name] if getattr(cls, "term", None) else [])]
-        return cls.stateless and job.model.batchnorm != "local" and not any(REGULARIZERS[n].keeps_state for n in terms)
+        return (job.run.placement != "fixed" and cls.stateless and job.model.batchnorm != "local"
+                and not any(REGULARIZERS[n].keeps_state for n in terms))
 
     @dataclass(frozen=True)
     class Params:

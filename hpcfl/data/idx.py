@@ -84,7 +84,8 @@ def load_idx_set(spec: _IdxSet, root: Path, train_images: bool = True) -> Datase
         bad_images = img is not None and (img.ndim != 3 or img.shape[1:] != (28, 28) or len(img) != len(lbl))
         if (bad_images or lbl.ndim != 1
                 or lbl.min(initial=spec.first_label) < spec.first_label or lbl.max(initial=last) > last):
-            raise DataError(f"{img_path} ({img.shape}) and {lbl_path} ({lbl.shape}) are not a matching {spec.title} "
+            shape = "not read" if img is None else img.shape
+            raise DataError(f"{img_path} ({shape}) and {lbl_path} ({lbl.shape}) are not a matching {spec.title} "
                             f"pair of 28x28 images and labels {spec.first_label}..{last}; "
                             "replace them with intact copies")
 

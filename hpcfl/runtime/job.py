@@ -26,7 +26,7 @@ from hpcfl.errors import ConfigError, HpcflError, TrainingFault
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters
 from hpcfl.runtime.memory import peak_bytes, reset_peak
-from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device, worker_ranks
+from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, pick_device, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, control, restore, resume_point, write_checkpoint
 from hpcfl.runtime.server import Server
@@ -135,7 +135,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                           "drop the term or pick an image data set")
     shared = (shared_set(labels, data.num_classes, config.run.seed)
               if any(t.needs_shared for t in algorithm.regularizers) else None)
-    moving = config.run.placement != "fixed" and algorithm.moves_clients(config)
+    moving = algorithm.moves_clients(config)
     worker = server = recorder = None
     if transport.rank in workers:
         clients = {}
@@ -184,7 +184,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
                 "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test,
                 "nonfinite": True}
-    cost = np.ceil(counts.sum(1) / config.train.batch_size) if moving else None
+    cost = client_cost(counts.sum(1), config.train.batch_size) if moving else None
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
                tuple(k for k, on in measured.items() if on), cost)
 

@@ -6,8 +6,9 @@ client first to the least-loaded worker). Balanced over all clients, a worker's 
 round's random cohort still varies, and the others wait for the busiest. Clients that keep no state
 can move, so for them every round's cohort is dealt afresh (`deal_cohort`, longest processing time
 first: within Graham's 4/3 of the best split). Devices: the node-local rank picks the GPU
-(`local_rank % n_gpus`, honouring CUDA_VISIBLE_DEVICES through torch); CPU ranks get a fixed number of intra-op threads, because
-oversubscribed torch threads run small models many times slower (10x measured on 2 vCPUs).
+(`local_rank % n_gpus`, honouring CUDA_VISIBLE_DEVICES through torch); CPU ranks get a fixed number
+of intra-op threads, because oversubscribed torch threads run small models many times slower (10x
+measured on 2 vCPUs).
 """
 import numpy as np
 import torch
@@ -36,6 +37,11 @@ def assign_clients(sizes: np.ndarray, workers: list[int]) -> dict[int, int]:
         load[worker] += int(sizes[client])
         count[worker] += 1
     return out
+
+
+def client_cost(sizes: np.ndarray, batch_size: int) -> np.ndarray:
+    """What dealing balances: each client's batches per local epoch."""
+    return np.ceil(np.asarray(sizes) / batch_size)
 
 
 def deal_cohort(cohort, cost: np.ndarray, workers: list[int]) -> dict[int, int]:

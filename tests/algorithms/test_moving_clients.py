@@ -38,6 +38,7 @@ def test_only_algorithms_whose_clients_keep_nothing_move(name):
 def test_a_term_or_batchnorm_that_keeps_client_state_pins_the_clients():
     assert not ALGORITHMS["fedavg"].moves_clients(job("fedavg", algorithm={"regularizers": ["moon"]}))
     assert ALGORITHMS["fedavg"].moves_clients(job("fedavg", algorithm={"regularizers": ["prox"]}))
+    assert not ALGORITHMS["fedavg"].moves_clients(job("fedavg", "fixed"))      # the user pins them
     with pytest.raises(ConfigError, match="model.batchnorm"):
         job("fedavg", "per_round", model={"batchnorm": "local"})
 

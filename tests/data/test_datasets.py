@@ -213,6 +213,8 @@ def test_emnist_letters_label_zero_is_rejected(tmp_path):
     _write_emnist(tmp_path / "emnist", img, lbl)
     with pytest.raises(DataError, match=r"labels 1\.\.26"):
         load_dataset("emnist_letters", tmp_path)
+    with pytest.raises(DataError, match=r"\(not read\).*labels 1\.\.26"):    # the server checks the labels too
+        load_dataset("emnist_letters", tmp_path, train_images=False)
 
 
 def _py2_str(b: bytes) -> bytes:
