@@ -1,6 +1,7 @@
 """The papers' tables and figures from result files, without writing a script:
 
-    python -m hpcfl.analyze table RESULTS... [--metric round/test_acc] [--by KEY ...] [--format md|csv|latex]
+    python -m hpcfl.analyze table RESULTS... [--metric round/test_acc] [--by KEY ...] [--last 10] [--format md|csv|latex]
+    python -m hpcfl.analyze compare RESULTS... --baseline algorithm.name=fedavg [--stat final|last|best_val|rounds]
     python -m hpcfl.analyze target RESULTS... --target 0.8 [--baseline algorithm.name=fedavg]
     python -m hpcfl.analyze personal RESULTS...          personalised accuracy across clients
     python -m hpcfl.analyze forgetting RESULTS...        forgetting degree per class (eval.forgetting runs)
@@ -9,22 +10,27 @@
     python -m hpcfl.analyze partition RUN.h5 --out FIG.png
 
 RESULTS are result files or folders (searched recursively). Runs are grouped by `--by` config keys
-(default: every key whose value differs between runs, seeds aside) and aggregated over seeds; e.g.
-`table --metric final/feature_nmi` is FedFM's Table IV. Unfinished runs count with their committed
+(default: every key whose value differs between runs, seeds and keys that cannot change the numbers
+aside) and aggregated over seeds; e.g. `table --metric final/feature_nmi` is FedFM's Table IV.
+`table` gives the final value, the mean of the last k evaluations and, for runs with
+data.validation_fraction > 0, the value at the best-validation round (never the best test value).
+`compare` pairs each run with the baseline run of the same seeds and other keys, and gives the paired
+effect with its 95 % t-interval and a verdict (better / worse / inconclusive; hpcfl.analysis.paired). Unfinished runs count with their committed
 rounds and are listed; unreadable files are named on stderr, not fatal.
 """
 import argparse
 import sys
 
 from hpcfl.analysis import load, render, rounds_to_target, summary
+from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
 from hpcfl.analysis.results import varying_keys
-from hpcfl.analysis.tables import forgetting, personalised, time_and_bytes
+from hpcfl.analysis.tables import SELECTION, STATISTICS, forgetting, personalised, time_and_bytes
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
 # what each command reads: (dataset names, name prefixes); None: the --metric
-NEEDS = {"table": (None, ()), "target": (None, ()), "curves": (None, ("round/bytes_",)),
+NEEDS = {"table": (None, ()), "compare": (None, ()), "target": (None, ()), "curves": (None, ("round/bytes_",)),
          "personal": (("round/personal_acc_mean", "round/personal_acc_std"), ()),
          "forgetting": (("client_class/forgetting",), ()), "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
 
@@ -39,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--by", nargs="+", default=None, help="config keys to group by, e.g. algorithm.name")
         sub.add_argument("--metric", default="round/test_acc")
         sub.add_argument("--format", choices=["md", "csv", "latex"], default="md")
+        if name in ("table", "compare"):
+            sub.add_argument("--last", type=int, default=10, help="the last-k mean over this many evaluations")
+        if name == "compare":
+            sub.add_argument("--baseline", required=True, help="KEY=VALUE of the reference arm, e.g. algorithm.name=fedavg")
+            sub.add_argument("--stat", choices=STATISTICS, default="final", help="each run's figure (rounds: needs --target)")
+            sub.add_argument("--target", type=float, default=None, help="with --stat rounds: rounds to reach this value")
         if name == "target":
             sub.add_argument("--target", type=float, required=True, help="rounds to reach this value of --metric")
             sub.add_argument("--baseline", default=None, help="KEY=VALUE of the reference group for the speed-up")
@@ -62,7 +74,7 @@ def main(argv=None) -> int:
         print(partition_heatmap(run.arrays["partition"], args.out, title=str(run.attrs.get("run", ""))))
         return 0
     names, prefixes = NEEDS[args.command]
-    results = load(args.results, metrics=(args.metric,) if names is None else names, prefixes=prefixes)
+    results = load(args.results, metrics=(args.metric, SELECTION) if names is None else names, prefixes=prefixes)
     for problem in results.problems:
         sys.stderr.write(f"hpcfl: skipped: {problem}\n")
     if results.runs.empty:
@@ -78,8 +90,18 @@ def main(argv=None) -> int:
     if args.command == "curves":
         print(curves(results, by, args.out, args.metric, args.x))
         return 0
+    if args.command in ("compare", "target") and args.baseline and "=" not in args.baseline:
+        sys.stderr.write(f"hpcfl: error: --baseline {args.baseline!r} is not KEY=VALUE, e.g. algorithm.name=fedavg\n")
+        return 2
     try:
-        table = {"table": lambda: summary(results, by, args.metric),
+        if args.command == "compare":
+            table, unpaired = compare(results, dict([args.baseline.split("=", 1)]), args.stat, args.metric, args.last,
+                                      args.target, args.by)
+            for path in unpaired:
+                sys.stderr.write(f"hpcfl: note: {path} has no partner run (same seeds and keys) in the other arm\n")
+            sys.stdout.write(render(table, args.format))
+            return 0
+        table = {"table": lambda: summary(results, by, args.metric, args.last),
                  "target": lambda: rounds_to_target(results, args.target, by,
                                                     dict([args.baseline.split("=", 1)]) if args.baseline else None,
                                                     args.metric),

@@ -44,6 +44,8 @@ class DataConfig:
     min_samples: int = 10
     validation_fraction: float = 0.0   # hold out this share of each client's data (FedFM: 0.2)
     local_test_ratio: float = 0.0      # per-client test set, label mix of the client, size ratio x train (FedClassAvg: 0.3)
+    seed: int = -1                     # fixes the split, its validation and local test sets (and FedKA's shared set)
+                                       # apart from run.seed (init, cohorts, batches); -1: run.seed
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class ModelConfig:
                                     # architectures[k % len]; empty: every client gets `name`
     batchnorm: str = "average"      # average: BN weights and running statistics averaged like every tensor;
                                     # local: each client keeps its own BN layers (FedBN), the server still averages them
+    params: dict = field(default_factory=dict)   # the model's options (model_params): a key applies to every
+                                    # architecture; a table under an architecture's name to that one only
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,11 @@ class JobConfig:
         return (round + 1) % self.eval.every == 0 or round == self.run.rounds - 1
 
     @property
+    def data_seed(self) -> int:
+        """The seed of the split: data.seed, or run.seed when data.seed = -1."""
+        return self.run.seed if self.data.seed == -1 else self.data.seed
+
+    @property
     def architectures(self) -> tuple[str, ...]:
         """The distinct model architectures, in the order clients are dealt them."""
         return tuple(dict.fromkeys(self.model.architectures or [self.model.name]))
@@ -139,6 +148,10 @@ POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
 NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio",
                 "run.checkpoint_every", "run.round_timeout_s", "train.batched_clients"}
+# Keys that cannot change a run's numbers: a run may resume with other values, and the analysis never
+# groups or pairs runs by them.
+NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_keep", "run.round_timeout_s",
+                   "run.threads", "run.device", "run.placement")
 NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 
 
@@ -220,6 +233,33 @@ def params_from(cls: type, raw: Any, where: str):
         raise ConfigError(f"[{where}]: {err}") from None
 
 
+def model_params(raw: dict, options: dict[str, type]) -> dict[str, Any]:
+    """Each architecture's options from [model] params ({architecture: its Options dataclass} in
+    `options`): a key applies to every architecture and must be an option of each; a table under an
+    architecture's name (`params = {preactivation = true, resnet18 = {feature_layer = 512}}`) applies
+    to that architecture only and overrides, so a heterogeneous job can give one architecture an
+    option the others lack."""
+    tables = {name: raw[name] for name in options if isinstance(raw.get(name), dict)}
+    common = {k: v for k, v in raw.items() if k not in tables}
+    out = {}
+    for name, kind in options.items():
+        hints, valid, values = get_type_hints(kind), [f.name for f in fields(kind)], {}
+        for where, table in (("model.params", common), (f"model.params.{name}", tables.get(name, {}))):
+            unknown = sorted(set(table) - set(valid))
+            if unknown:
+                having = [a for a, k in options.items() if unknown[0] in {f.name for f in fields(k)}]
+                hint = (f"; set it in the table of the architectures that have it: model.params.{having[0]} = "
+                        f"{{{unknown[0]} = ...}}" if having and where == "model.params" else "")
+                raise ConfigError(f"{where}.{unknown[0]} is not an option of model '{name}'; its options: "
+                                  f"{valid or 'none'}{hint}")
+            values.update({k: _coerce(f"{where}.{k}", v, hints[k]) for k, v in table.items()})
+        try:
+            out[name] = kind(**values)
+        except ValueError as err:
+            raise ConfigError(f"[model.params] of model '{name}': {err}") from None
+    return out
+
+
 def _check_values(job: JobConfig) -> None:
     flat = {f"{s}.{k}": v for s, section in job.to_dict().items() for k, v in section.items()}
     for key, valid in CHOICES.items():
@@ -231,6 +271,8 @@ def _check_values(job: JobConfig) -> None:
     for key in NON_NEGATIVE:
         if flat[key] < 0:
             raise ConfigError(f"{key} = {flat[key]!r} must be >= 0")
+    if job.data.seed < -1:
+        raise ConfigError(f"data.seed = {job.data.seed} must be >= 0, or -1 to split with run.seed")
     if not 0.0 <= job.data.validation_fraction < 1.0:
         raise ConfigError(f"data.validation_fraction = {job.data.validation_fraction!r} must be in [0, 1), e.g. 0.2")
     if job.train.clients_per_round > job.data.num_clients:
@@ -260,7 +302,7 @@ def _check_registries(job: JobConfig) -> None:
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
     from hpcfl.data.datasets import DATASETS
     from hpcfl.data.partition import check_params
-    from hpcfl.models import MODELS
+    from hpcfl.models import MODELS, model_options
     from hpcfl.regularizers import regularizer_params
 
     named = [("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
@@ -269,6 +311,7 @@ def _check_registries(job: JobConfig) -> None:
     for key, name, registry in named:
         if name not in registry:
             raise ConfigError(f"{key} = {name!r} is unknown; valid: {sorted(registry)}")
+    model_params(job.model.params, {name: model_options(name) for name in job.architectures})
     check_params(job.data.partition, job.data.partition_params)
     algorithm_params(job.algorithm.name, job.algorithm.params)
     for name, raw in job.algorithm.regularizers.items():

@@ -2,7 +2,8 @@
 
 A client's randomness in a round (batch order, dropout, augmentation) comes from generators keyed by
 (seed, round, client), so its update is the same whichever rank trains it. Losses are accumulated on
-the device and read once per client: no host synchronisation per batch.
+the device and read once per client: no host synchronisation per batch. A model with BatchNorm skips
+an epoch's last batch when it holds one sample (BatchNorm1d, or 2-d maps at 1x1, cannot train on it).
 """
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,8 @@ class LocalTrainer:
         opt = self.optimizer(model.parameters())
         total = torch.zeros((), device=client.y.device)
         batches = self.batches(client.num_samples, round, client.id, client.y.device, epochs)
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            batches = [idx for idx in batches if len(idx) > 1]   # BatchNorm cannot train on one sample (1-d, 1x1 maps)
         two_views = any(term.views == 2 for term in regularizers)
         augment = (torch_generator(self.seed, "augment", round, client.id, *part, device=client.y.device)
                    if two_views or self.cfg.augment == "crop_flip" else None)

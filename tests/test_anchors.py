@@ -70,3 +70,29 @@ def test_l2_matching_pulls_features_to_their_class_anchor_after_the_start_round(
     assert term.loss(None, None, y, z, None).item() == pytest.approx(0.5 * (0.8 + 1.0) / 4)
     term.start(None, None, 4, {})                     # before T_s: no anchors needed, no loss
     assert term.loss(None, None, y, z, None) is None
+
+
+def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives_in():
+    """Anchors are class means of the received model's features: dropout off and BatchNorm on its
+    running statistics, even if the model comes straight from training (FedFM-Lite)."""
+    from hpcfl.anchors import ANCHORS, anchor_layouts
+
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+
+        def features(self, x):
+            return self.body(x)
+
+    model, x, y = Net(), torch.randn(8, 3) * 3 + 1, torch.tensor([0, 1, 0, 1, 1, 1, 0, 0])
+    model.train()
+    got = local_anchors(model, x, y, 3, "samples", initial_anchors(2, 4))
+    with torch.no_grad():
+        model.eval()
+        features = model.features(x).double()
+    torch.testing.assert_close(got["sums"][0], features[y == 0].sum(0))
+    torch.testing.assert_close(got["sums"][1], features[y == 1].sum(0))
+    assert ANCHORS == "anchors" and anchor_layouts(2, 4)[0].names == ("anchors", "known")   # the result files' names

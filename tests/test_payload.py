@@ -185,3 +185,38 @@ def test_select_keeps_the_named_entries_in_order():
     head = layout.select(lambda name: name.startswith("classifier."))
     assert head.names == ("classifier.weight", "classifier.bias") and head.shapes == ((4, 2), (4,))
     assert head.numel == 12
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_tensors_longer_than_a_chunk_are_packed_piece_by_piece_at_their_offsets(monkeypatch, zero):
+    """add_into works in chunks of CHUNK elements (2**22 in use); a chunk of 3 makes the offsets past
+    the first chunk, and across tensors, reachable on small tensors."""
+    import hpcfl.payload
+
+    monkeypatch.setattr(hpcfl.payload, "CHUNK", 3)
+    values = {"a": torch.arange(7.0).reshape(7), "b": -torch.arange(10.0).reshape(2, 5)}
+    layout = Layout.of(values)
+    start = torch.full((17,), 0.5, dtype=torch.float64)
+    layout.add_into(start, values, scale=2.0, zero=zero)
+    expected = 2.0 * torch.cat([values["a"], values["b"].reshape(-1)]).double() + (0.0 if zero else 0.5)
+    torch.testing.assert_close(start, expected)
+
+
+def test_a_single_tensor_payload_packs_on_its_tensors_device_and_adds_with_scale_one_by_default():
+    value = {"w": torch.tensor([1.0, -2.0, 3.0])}
+    layout = Layout.of(value)
+    flat = layout.pack(value, dtype=torch.float32)
+    assert flat.device == value["w"].device and flat.dtype == torch.float32
+    torch.testing.assert_close(flat, value["w"])
+    layout.add_into(flat, value)                          # the default scale is 1: flat = 2 w
+    torch.testing.assert_close(flat, 2 * value["w"])
+    assert Layout.of({}).pack({}).numel() == 0
+
+
+def test_a_layout_is_immutable_and_hashable():
+    import dataclasses
+
+    layout = Layout.of(tensors())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layout.names = ()
+    assert {layout: 1}[Layout.of(tensors(seed=1))] == 1       # equal names and shapes: the same key

@@ -7,8 +7,23 @@ state_dict tensor (BatchNorm running statistics included) is averaged the same w
 `model.batchnorm = "local"` clients keep their own BatchNorm layers (FedBN) while the server's
 average serves the global model.
 
+`init = "independent"` (FedAvg and every preset; hpcfl.algorithms.initial) runs the baselines of FedMA
+(Wang et al., ICLR 2020, Appendix A: "without the shared initialization"): in round 0 each sampled
+client starts from its own initialisation instead of the server's initial model, which is not sent,
+and the round-0 aggregate is the sample-weighted mean of independently initialised and trained
+models, i.e. one-shot averaging of local models, which is how the authors' FedAvg and FedProx
+begin (IBM/FedMA main.py: `averaged_weights` of the local models, then `fedavg_comm` /
+`fedprox_comm` from it; their local models train `epochs`, later rounds `retrain_epochs`, ours all
+train.local_epochs). A local term's reference model in round 0 (FedProx's w^t, MOON's global
+model) is the model the client starts from, its own. From round 1 on every sampled client starts
+from the global model, one sampled for the first time included: the independent start only stands
+in for a global model that does not exist yet. With every client in every round (the authors'
+setting) that is each client's first training. Subclasses with Params of their own (FedAvgM,
+SCAFFOLD, FedNova, FedDyn, FedFM-Lite) start from the shared model.
+
 The presets below are FedAvg with their term (hpcfl.regularizers) and its parameters in
-`[algorithm.params]`; naming the same term in `algorithm.regularizers` instead gives the same run:
+`[algorithm.params]` (plus `init`); naming the same term in `algorithm.regularizers` instead gives
+the same run:
 - `fedprox` FedProx, Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020, eq. (2).
 - `moon`    MOON, Li, He & Song, "Model-Contrastive Federated Learning", CVPR 2021, eq. (3)-(4).
 - `fedrs`   FedRS, Li & Zhan, "FedRS: Federated Learning with Restricted Softmax for Label
@@ -25,11 +40,13 @@ The presets below are FedAvg with their term (hpcfl.regularizers) and its parame
             knowledge-anchor term (eq. 3; `ka` in hpcfl.regularizers, which documents the choices the
             paper leaves open) against the round's global model, over the shared set S built once.
 """
+import copy
 from typing import ClassVar
 
 import torch
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, assign, weighted, weighted_mean
+from hpcfl.algorithms.initial import InitParams, independent_init, with_init
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox,
                                  Regularizer, RestrictedSoftmax)
@@ -39,13 +56,18 @@ class FedAvg(Algorithm):
     name = "fedavg"
     batched = stateless = True
     term: ClassVar[type[Regularizer] | None] = None      # a preset's own local term, built from Params
+    Params = InitParams
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
         if self.term:
             self.regularizers.insert(0, self.term(params))
+            self.regularizers[0].seed = setup.job.run.seed       # as build_regularizers seeds a named term
         self.phase = Phase("train", downlink={"model": setup.model_layout},
                            uplink={"model": weighted(setup.model_layout)})
+        independent = isinstance(params, InitParams) and params.init == "independent"
+        self.first = Phase("train", uplink=self.phase.uplink) if independent else None     # round 0: no model sent
+        self.pristine = copy.deepcopy(setup.template).cpu() if independent else None   # what own inits are drawn on
 
     @classmethod
     def check(cls, job):
@@ -55,12 +77,18 @@ class FedAvg(Algorithm):
                               f"parameters in [algorithm.params] and drop it from algorithm.regularizers")
 
     def plan(self, round):
-        return [self.phase]
+        return [self.phase if round or self.first is None else self.first]
 
     def downlink(self, phase, round, server_state):
         return {"model": self.global_state(server_state)}
 
+    def batch_start(self, phase, downlink):
+        return super().batch_start(phase, downlink) if "model" in downlink else None   # own inits: one by one
+
     def client_update(self, phase, round, client, downlink, model, trainer):
+        if round == 0 and self.pristine is not None:        # its own init, also its terms' reference model
+            own = independent_init(self.pristine, self.setup.job.run.seed, client.id)
+            downlink = {**downlink, "model": {k: v.to(client.y.device) for k, v in own.items()}}
         self.start_from(model, client, downlink["model"])
         metrics = self.train(model, client, round, trainer, downlink)
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples))}, metrics
@@ -84,29 +112,29 @@ class FedAvg(Algorithm):
 
 
 class FedProx(FedAvg):
-    name, term, Params = "fedprox", Prox, Prox.Params
+    name, term, Params = "fedprox", Prox, with_init(Prox.Params)
     stateless = True
 
 
 class MOON(FedAvg):            # not stateless: each client keeps its previous local model
-    name, term, Params = "moon", Moon, Moon.Params
+    name, term, Params = "moon", Moon, with_init(Moon.Params)
 
 
 class FedRS(FedAvg):
-    name, term, Params = "fedrs", RestrictedSoftmax, RestrictedSoftmax.Params
+    name, term, Params = "fedrs", RestrictedSoftmax, with_init(RestrictedSoftmax.Params)
     stateless = True
 
 
 class FedNTD(FedAvg):
-    name, term, Params = "fedntd", NotTrueDistillation, NotTrueDistillation.Params
+    name, term, Params = "fedntd", NotTrueDistillation, with_init(NotTrueDistillation.Params)
     stateless = True
 
 
 class FedFM(FedAvg):
-    name, term, Params = "fedfm", ContrastiveGuiding, ContrastiveGuiding.Params
+    name, term, Params = "fedfm", ContrastiveGuiding, with_init(ContrastiveGuiding.Params)
     stateless = True
 
 
 class FedKA(FedAvg):
-    name, term, Params = "fedka", KnowledgeAnchor, KnowledgeAnchor.Params
+    name, term, Params = "fedka", KnowledgeAnchor, with_init(KnowledgeAnchor.Params)
     stateless = True

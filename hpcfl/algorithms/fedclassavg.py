@@ -10,18 +10,33 @@ averages the classifiers weighted by |D_k| (eq. 3). The classifier is a paramete
 one sum-reduction of (512 + 1) * C + 1 floats per round.
 
 `share = "all"` is the homogeneous scenario of Table 3 ("+weight"): the whole model is averaged,
-the proximal term still on the classifier only. Defaults follow Table 1 for CIFAR-10 with the
-standard SupCon temperature; the authors' code uses temperature 100 on unnormalised features
-(`temperature = 100, normalize = false`). As in the paper (section 4.2), clients start without the
-local warm-up epoch the authors' script runs. Adam with betas (0.5, 0.999) as in their code is
-`train.betas`.
+the proximal term still on the classifier only. Defaults follow the paper: Table 1's CIFAR-10 rho,
+the standard SupCon (normalised features, temperature 0.07), no warm-up.
+
+The authors' code (hukla/FedClassAvg, `heteropfl_utils.train_cl`, `supcon_utils.define_model`)
+differs, and jobs/fedclassavg follow it: SupCon at temperature 100 with base temperature 0.07 (the
+loss times 100 / 0.07) on unnormalised features (`temperature = 100, normalize = false`), read from a
+Linear layer with no activation, the ReLU starting the classifier (`[model] params preactivation =
+true`; ResNet-18's extractor ends with an extra Linear(512, 512): `feature_layer = 512`); and one
+local warm-up epoch before round 1 (`warmup_epochs = 1`, their `pretrain`): every client trains its
+own initial model on the same loss, the proximal term pulling towards its own initial classifier,
+uploads nothing, and then takes the global classifier like any round. We run a client's warm-up at
+its first participation, which gives the same model as running it before round 1 (it depends on the
+client alone) without training clients never sampled; its batches and augmentations come from the
+run's seed through hpcfl.seeding ("fedclassavg.warmup", client), never from the rank. Their local
+training stops after one epoch whatever --local_epochs says (the return sits inside the epoch loop).
+Learning rates: Table 1 gives Fashion-MNIST 6e-4, their configs/fashion-mnist.json 1e-4 (a copy of
+cifar10.json; supcon_utils.py has 6e-4); CIFAR-10 1e-4 and EMNIST 5e-4 agree. Adam with betas
+(0.5, 0.999) as in their code is `train.betas`.
 """
+import copy
 from dataclasses import dataclass
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted, weighted_mean
-from hpcfl.algorithms.personal import Personal
+from hpcfl.algorithms.personal import OWN, Personal
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import Prox, SupCon
+from hpcfl.seeding import torch_seed
 
 SHARED = "shared"
 
@@ -36,10 +51,16 @@ class FedClassAvg(Personal):
         base_temperature: float = 0.07
         normalize: bool = True
         share: str = "classifier"         # classifier | all (Table 3, "+weight": homogeneous models only)
+        warmup_epochs: int = 0            # local epochs before a client's first round (the authors' code: 1)
 
         def __post_init__(self):
             if self.share not in ("classifier", "all"):
                 raise ValueError(f"share = {self.share!r}; choose 'classifier' or 'all'")
+            if self.warmup_epochs < 0:
+                raise ValueError(f"warmup_epochs = {self.warmup_epochs} must be >= 0 (the authors' code: 1)")
+            if self.warmup_epochs and self.share == "all":
+                raise ValueError("warmup_epochs with share = 'all' is lost: the first round's global model replaces "
+                                 "the whole warmed-up model; set warmup_epochs = 0")
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
@@ -70,12 +91,23 @@ class FedClassAvg(Personal):
         return {SHARED: {n: server_state[f"model.{n}"] for n in self.shared.names}}
 
     def client_update(self, phase, round, client, downlink, model, trainer):
+        if self.params.warmup_epochs and not any(k.startswith(OWN) for k in client.state):
+            self.warm_up(model, client, trainer)
         start = self.start_own(model, client, downlink[SHARED])
         metrics = self.train(model, client, round, trainer, {"model": start})
         if self.params.share == "classifier":           # with "all" the next round overwrites everything
             self.keep_model(client, model)
         state = model.state_dict()
         return {SHARED: ({**{n: state[n] for n in self.shared.names}, WEIGHT: ONE}, float(client.num_samples))}, metrics
+
+    def warm_up(self, model, client, trainer):
+        """The authors' warm-up: the round's loss on the client's own initial model, kept, not sent.
+        The trainer's draws are keyed by a seed derived for the warm-up, apart from every round's."""
+        start = self.start_own(model, client)
+        warm = copy.copy(trainer)
+        warm.seed = torch_seed(trainer.seed, "fedclassavg.warmup")
+        self.train(model, client, 0, warm, {"model": start}, epochs=range(self.params.warmup_epochs))
+        self.keep_model(client, model)
 
     def aggregate(self, phase, round, server_state, uplink):
         mean = weighted_mean(uplink[SHARED])

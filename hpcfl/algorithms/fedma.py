@@ -5,50 +5,71 @@ eq. (6) for LSTM hidden units (hpcfl.models.neurons).
 
 A round of an N-layer network has N + 1 phases:
 - `train`: each client rebuilds its model at its own size from the global model with its last
-  assignment (round 0: from its own random initialisation, the paper's realistic setting; `init =
-  "shared"` starts everyone from the run's one initial model) and trains every layer for
-  train.local_epochs;
+  assignment and trains every layer for train.local_epochs. Round 0 starts from the client's own
+  random initialisation (`init = "independent"`, hpcfl.algorithms.initial: the paper's realistic
+  setting, Appendix A, and the authors' code); `init = "shared"` starts everyone from the run's one
+  initial model;
 - `match_<layer>` for layers 1..N-1: the clients' neurons of that layer (inputs already in the global
   order of the layer before) are gathered to the server, matched (the global layer may grow), the
   matched layer broadcast and each client's assignment scattered. The client installs the global
   layer, permutes and zero-pads the next layer's inputs, freezes the layers matched so far and retrains
-  the rest for `retrain_epochs` (`retrain = false`: PFNM-style one-shot matching, no retraining);
+  the rest for `retrain_epochs` (`retrain = false`: PFNM-style one-shot matching, no retraining).
+  After layer N-1 only the last layer trains, at train.lr * `last_lr_scale` (0.1) for
+  `retrain_epochs` * `last_epochs_scale` (3) epochs: the authors' code (IBM/FedMA main.py,
+  `local_retrain` at freezing_index = len(weights) - 2) does this for every model and in every
+  round, as its `fedma_comm` re-runs BBP_MAP each round; the paper (Appendix A) reports it for VGG-9.
+  Set both to 1 to retrain it like the other layers. Their code also drops weight decay in the
+  other retraining phases and uses 1e-4 in this one; we keep train.weight_decay throughout;
 - `match_<last>`: the last layer is not matched but averaged per class, each client's row of class k
   weighted by its share of the class-k samples (Algorithm 1's p_jk; a class nobody holds: plain mean).
 Every client takes part in every round, as in the paper: an assignment refers to the global model it
 was made against. The global model's size, growth over the local size (Tables 1-2, 6-7) and the
 server's matching time per layer are recorded each round.
+
+gamma = 7 (Appendix D.2) was tuned for J = 16 clients. BBP-MAP's prior gain for a client's k-th new
+neuron is 2 log(gamma / (J k)); for joining a global neuron that c of the other clients hold, log(c /
+(J - c)). Where the data terms are small against the prior's (weights small against sigma^2 = 1, as
+for independently initialised networks), the prior alone sets the widths: every client after the
+first opens its k-th new neuron while that beats joining a neuron only one other client holds, so
+each opens f = #{k >= 1 : k < (gamma / J) sqrt(J - 1)} and a layer grows by (J - 1) f neurons. At
+J = 16, gamma = 7: f = 1 (7/16 * sqrt(15) = 1.69), 15 more per layer (the shapes of the paper's
+Table 7); at J = 10: f = 2, 18 more; gamma <= J / sqrt(J - 1) (about sqrt(J)) adds none. The paper's
+f = 1 at other J needs J / sqrt(J - 1) < gamma <= 2 J / sqrt(J - 1) (J = 10: 3.3 to 6.7).
 """
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from hpcfl.algorithms.base import MATCHED, Algorithm, Phase
+from hpcfl.algorithms.initial import InitParams, independent_init
 from hpcfl.bbp_map import Prior, match_neurons
 from hpcfl.errors import ConfigError
 from hpcfl.models.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, recurrent, resize_,
                                   signature, width, with_signature)
 from hpcfl.payload import Layout
-from hpcfl.seeding import numpy_rng, torch_seed
+from hpcfl.seeding import numpy_rng
 
 
 class FedMA(Algorithm):
     name = "fedma"
 
     @dataclass(frozen=True)
-    class Params(Prior):
+    class Params(InitParams, Prior):
         retrain: bool = True            # False: one-shot matching without retraining (PFNM, Figure 1)
         retrain_epochs: int = 1         # local epochs of retraining after each matched layer
+        last_lr_scale: float = 0.1      # the last layer's retraining (alone) at lr * this...
+        last_epochs_scale: int = 3      # ...for retrain_epochs * this (the authors' code: lr/10, 3x)
         init: str = "independent"       # "shared": every client starts from the run's initial model
 
         def __post_init__(self):
             super().__post_init__()
-            if self.init not in ("independent", "shared"):
-                raise ValueError(f"init = {self.init!r}; choose 'independent' or 'shared'")
             if self.retrain_epochs < 1:
                 raise ValueError(f"retrain_epochs = {self.retrain_epochs} must be >= 1")
+            if self.last_lr_scale <= 0 or self.last_epochs_scale < 1:
+                raise ValueError(f"last_lr_scale = {self.last_lr_scale} must be > 0 and last_epochs_scale = "
+                                 f"{self.last_epochs_scale} >= 1 (the authors: 0.1 and 3; 1 and 1: as other layers)")
 
     @classmethod
     def check(cls, job):
@@ -137,13 +158,10 @@ class FedMA(Algorithm):
 
     # -- client ------------------------------------------------------------------------------------
     def init_client_state(self, client, initial_model):
-        model = copy.deepcopy(initial_model)
-        if self.params.init == "independent":
-            torch.manual_seed(torch_seed(self.setup.job.run.seed, "init", client.id))
-            for module in model.modules():
-                if hasattr(module, "reset_parameters") and any(True for _ in module.parameters(recurse=False)):
-                    module.reset_parameters()
-        return {f"model.{k}": v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        seed = self.setup.job.run.seed
+        state = (independent_init(initial_model, seed, client.id) if self.params.init == "independent"
+                 else initial_model.state_dict())
+        return {f"model.{k}": v.detach().cpu().clone() for k, v in state.items()}
 
     def client_model(self, client, model):
         return copy.deepcopy(model)
@@ -172,13 +190,19 @@ class FedMA(Algorithm):
         return {}, metrics
 
     def _retrain(self, model, client, round, trainer, i):
-        """Train the layers after layer i, the matched ones frozen, on fresh batch draws."""
+        """Train the layers after layer i, the matched ones frozen, on fresh batch draws; the last layer
+        alone (i = N - 2) at lr * last_lr_scale for retrain_epochs * last_epochs_scale."""
         frozen = {layer.name for layer in self.layers[:i + 1]}
         for name, module in model.named_modules():
             if name in frozen:
                 module.requires_grad_(False)
+        epochs = self.params.retrain_epochs
+        if i == self.last - 1:
+            epochs *= self.params.last_epochs_scale
+            trainer = copy.copy(trainer)
+            trainer.cfg = replace(trainer.cfg, lr=trainer.cfg.lr * self.params.last_lr_scale)
         start = self.setup.job.train.local_epochs + i * self.params.retrain_epochs
-        return self.train(model, client, round, trainer, {}, epochs=range(start, start + self.params.retrain_epochs))
+        return self.train(model, client, round, trainer, {}, epochs=range(start, start + epochs))
 
     def _own(self, client) -> dict[str, torch.Tensor]:
         return {k[len("model."):]: v for k, v in client.state.items() if k.startswith("model.")}

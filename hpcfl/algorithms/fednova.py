@@ -6,11 +6,17 @@ d_i = (x - y_i) / a_i with a_i = ||a_i||_1 the sum of its step weights, and the 
 x <- x - tau_eff * sum_i p_i d_i with tau_eff = sum_i p_i a_i. For plain SGD a_i = tau_i; with
 momentum rho and a proximal term mu, a_i follows the authors' optimiser (JYWa/FedNova): per step
 counter <- rho * counter + 1, a <- a + counter (rho > 0), then a <- (1 - lr mu) a + 1 (mu > 0),
-a <- a + 1 when both are 0. The proximal mu is the `prox` regularizer's, when one is configured.
+a <- a + 1 when both are 0. As there, weight decay is part of the gradient (it does not enter a_i),
+and mu is the proximal pull: here the `prox` regularizer's, which must pull every parameter by
+the same mu (scope "model", reduction "sum"). Our prox goes through the momentum buffer, the
+authors' is added after it, so with both momentum and mu a_i is approximate. SCAFFOLD normalises
+its control variates by the same a_i (`normalising_steps`, `prox_lr_mu`).
 Buffers (BatchNorm statistics) take the sample-weighted mean.
 """
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
 from hpcfl.algorithms.fedavg import FedAvg
+from hpcfl.config import params_from
+from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
 from hpcfl.regularizers import Prox
 
@@ -31,18 +37,37 @@ def normalising_steps(steps: int, momentum: float, lr_mu: float) -> float:
     return total
 
 
+def prox_lr_mu(lr: float, regularizers) -> float:
+    """lr * mu of the `prox` terms among the client's local terms: the pull a_i counts."""
+    return lr * sum(term.params.mu for term in regularizers if isinstance(term, Prox))
+
+
+def check_prox(name: str, job) -> None:
+    """a_i counts one mu for every parameter: refuse a `prox` that pulls only some, or per tensor."""
+    if "prox" in job.algorithm.regularizers:
+        prox = params_from(Prox.Params, job.algorithm.regularizers["prox"], "algorithm.regularizers.prox")
+        if (prox.scope, prox.reduction) != ("model", "sum"):
+            raise ConfigError(f"algorithm '{name}' counts the prox pull in its step count a_i, which needs the "
+                              "same mu on every parameter: set algorithm.regularizers.prox scope = \"model\" "
+                              "and reduction = \"sum\"")
+
+
 class FedNova(FedAvg):
     name = "fednova"
     batched = stateless = True
 
     sgd_only = "its normalisation counts SGD steps (with momentum and prox)"
 
+    @classmethod
+    def check(cls, job):
+        super().check(job)
+        check_prox(cls.name, job)
+
     def __init__(self, params, setup):
         super().__init__(params, setup)
         self.phase = Phase("train", downlink={"model": setup.model_layout},
                            uplink={"model": weighted(setup.model_layout) + Layout((STEPS,), ((),))})
-        mu = sum(term.params.mu for term in self.regularizers if isinstance(term, Prox))
-        self.lr_mu = setup.job.train.lr * mu
+        self.lr_mu = prox_lr_mu(setup.job.train.lr, self.regularizers)
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         start = downlink["model"]

@@ -9,12 +9,18 @@
   "Ensemble"). The averaged probabilities are a sum over clients, so they travel as one sum-reduced
   payload on evaluation rounds. Every client must train every round (clients_per_round = num_clients)
   so that every local model votes; each client also reports its own model's test accuracy.
+
+Both take `init` (hpcfl.algorithms.initial): "shared", every client's model starts as the run's one
+initial model of its architecture; "independent", as its own initialisation, held as the client's
+state from the start of the run (so a client first sampled in a later round starts from it too), as
+the local models of FedMA's authors' ensemble (IBM/FedMA main.py: one network per client, `init_models`).
 """
 import torch
 import torch.nn.functional as F
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted, weighted_mean
-from hpcfl.algorithms.personal import Personal
+from hpcfl.algorithms.initial import InitParams, independent_init
+from hpcfl.algorithms.personal import OWN, Personal
 from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
 from hpcfl.training import predict_proba, summarize
@@ -23,7 +29,13 @@ PROBS = "probs"
 
 
 class LocalOnly(Personal):
-    name = "local_only"
+    name, Params = "local_only", InitParams
+
+    def init_client_state(self, client, initial_model):
+        shared = super().init_client_state(client, initial_model)
+        if self.params.init == "shared":
+            return shared
+        return {OWN + k: v for k, v in independent_init(initial_model, self.setup.job.run.seed, client.id).items()}
 
     def plan(self, round):
         return [Phase("train")]

@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hpcfl.config import NON_RESULT_KEYS
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
-SEED_KEYS = ("run.seed", "run.name")        # what differs between the seeds of one setting
+SEED_KEYS = ("run.seed", "data.seed", "run.name")        # what differs between the seeds of one setting
 
 
 @dataclass
@@ -80,6 +81,7 @@ def tidy(results: Results) -> pd.DataFrame:
 
 
 def varying_keys(runs: pd.DataFrame) -> list[str]:
-    """The config keys whose value differs between runs, seeds aside: the natural grouping."""
-    keys = [c for c in runs.columns if "." in c and c not in SEED_KEYS and c != "run.results_root"]
-    return [k for k in keys if runs[k].dropna().astype(str).nunique() > 1]
+    """The config keys whose value differs between runs, seeds and the keys that cannot change a run's
+    numbers (hpcfl.config.NON_RESULT_KEYS: checkpointing, timeouts, threads, ...) aside: the natural grouping."""
+    keys = [c for c in runs.columns if "." in c and c not in SEED_KEYS and c not in NON_RESULT_KEYS]
+    return [k for k in keys if runs[k].astype(str).nunique(dropna=False) > 1]     # missing in some runs: a value too

@@ -187,7 +187,7 @@ def dominant(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
     is_dominant = np.zeros((num_classes, num_clients), dtype=bool)
     is_dominant[(clients * dominant_classes + np.arange(dominant_classes)) % num_classes, clients] = True
     counts = np.where(is_dominant, n_dominant, n_other).astype(np.int64)
-    need = counts.sum(axis=1)
+    need = counts.sum(axis=1, dtype=object)  # exact: settings up to 2**63 - 1 would wrap an int64 sum
     short = np.flatnonzero(need > class_sizes)
     if short.size:
         c = short[0]

@@ -1,7 +1,12 @@
 """Model registry. Every model exposes `features(x)` (the representation) and `classifier` (the
-last layer), because FedFM, FedCME, FedClassAvg and FedKA all act on one side of that split."""
+last layer), because FedFM, FedCME, FedClassAvg and FedKA all act on one side of that split.
+
+A model's options (`[model] params`) are the fields of its constructor's `Options` dataclass, passed
+as `options=`; a constructor without `Options` (a plug-in's, say) takes none. Image models whose
+features end with a hidden Linear + ReLU take `preactivation` (hpcfl.models.common); ResNets take
+`preactivation`, `feature_layer` and `stem` (hpcfl.models.vision)."""
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -9,33 +14,45 @@ from torch import nn
 from hpcfl.errors import ConfigError
 from hpcfl.models.alexnet import AlexNetCifar
 from hpcfl.models.cnn import FmnistCNN
+from hpcfl.models.common import NoOptions
 from hpcfl.models.fedma import VGG9, CharLSTM, LeNet
 from hpcfl.models.tcnn import TCNN
 from hpcfl.models.vision import GoogLeNet, ResNet18, ResNet50, ShuffleNetV2
 
-# name -> Model(in_shape, num_classes); width of features(x) in the comment
+# name -> Model(in_shape, num_classes[, options=Model.Options(...)]); width of features(x) in the comment
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "fmnist_cnn": FmnistCNN,        # FedCME, 128
     # FedProto's heterogeneous clients: the same two-conv CNN with other channel counts, 128
     "fmnist_cnn_narrow": partial(FmnistCNN, width=8),
     "fmnist_cnn_wide": partial(FmnistCNN, width=32),
+    "fmnist_cnn_bn": partial(FmnistCNN, batchnorm=True),   # BatchNorm after each conv and the 128-d layer, 128
     "tcnn": TCNN,                   # FedKA appendix A.1, 512
     "lenet": LeNet,                 # FedMA (MNIST), 500
     "vgg9": VGG9,                   # FedMA Table 4, no BatchNorm, 512
     "char_lstm": CharLSTM,          # FedMA Table 5 (Shakespeare), in_shape = (seq_len,), 256
-    "resnet18": ResNet18,           # CIFAR stem, 512
-    "resnet50": ResNet50,           # CIFAR stem, 2048
+    "resnet18": ResNet18,           # CIFAR stem (or stem = "imagenet"), 512 (or feature_layer)
+    "resnet50": ResNet50,           # CIFAR stem (or stem = "imagenet"), 2048 (or feature_layer)
     "shufflenetv2": ShuffleNetV2,   # FedClassAvg, 512
     "googlenet": GoogLeNet,         # FedClassAvg, 512
     "alexnet_cifar": AlexNetCifar,  # FedClassAvg, 512
 }
 
 
-def build_model(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """A freshly initialised model (draws from torch's global generator: seed it first)."""
+def model_options(name: str) -> type:
+    """The dataclass of model `name`'s options ([model] params)."""
     if name not in MODELS:
         raise ConfigError(f"model.name = '{name}' is unknown; valid: {sorted(MODELS)}")
-    return MODELS[name](in_shape, num_classes)
+    constructor = MODELS[name]
+    return getattr(getattr(constructor, "func", constructor), "Options", NoOptions)    # func: a partial's class
+
+
+def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, options: Any = None) -> nn.Module:
+    """A freshly initialised model (draws from torch's global generator: seed it first). `options`:
+    an instance of model_options(name) (hpcfl.config.model_params builds them from a job's [model]
+    params); None: the defaults."""
+    if model_options(name) is NoOptions:
+        return MODELS[name](in_shape, num_classes)
+    return MODELS[name](in_shape, num_classes, options=options or model_options(name)())
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -17,11 +17,14 @@ For 1x28x28 the pools give 14, 7, 3 and the fc takes 256 * 3 * 3 = 2304 inputs."
 import torch
 from torch import nn
 
-from hpcfl.models.common import flat_size, image_shape
+from hpcfl.models.common import HeadOptions, activation, classifier, flat_size, image_shape
 
 
 class AlexNetCifar(nn.Module):
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int, feature_dim: int = 512, dropout: float = 0.5):
+    Options = HeadOptions
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, feature_dim: int = 512, dropout: float = 0.5,
+                 options: HeadOptions = HeadOptions()):
         super().__init__()
         channels, _, _ = image_shape(in_shape, "alexnet_cifar")
         self.conv = nn.Sequential(
@@ -33,8 +36,9 @@ class AlexNetCifar(nn.Module):
             nn.Flatten(),
         )
         flat = flat_size(self.conv, in_shape, "alexnet_cifar", min_side=8)
-        self.fc = nn.Sequential(nn.Dropout(dropout), nn.Linear(flat, feature_dim), nn.ReLU(inplace=True))
-        self.classifier = nn.Linear(feature_dim, num_classes)
+        self.fc = nn.Sequential(nn.Dropout(dropout), nn.Linear(flat, feature_dim),
+                                activation(options.preactivation, inplace=True))
+        self.classifier = classifier(feature_dim, num_classes, options.preactivation)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.conv(x))

@@ -1,6 +1,19 @@
 """Helpers shared by the model definitions: input-shape checks that fail with a ConfigError
-(not a raw shape error deep inside a forward pass) and the flattened size of a conv stack."""
+(not a raw shape error deep inside a forward pass), the flattened size of a conv stack, and the
+`preactivation` option of every model whose features end with a hidden Linear layer + ReLU.
+
+`preactivation = true` moves that ReLU into the classifier: features(x) is then the output of the
+last hidden Linear (which can be negative) and the classifier computes Linear(ReLU(features)).
+FedClassAvg's code (hukla/FedClassAvg, `define_model`) builds its models so: the extractor ends with
+a Linear with no activation and the classifier is Sequential(ReLU, Linear); its SupCon reads those
+unnormalised features. The model computes the same function either way and draws the same weights.
+The classifier stays one `nn.Linear` (a subclass whose forward applies the ReLU first), so its
+parameters are still `classifier.weight` / `classifier.bias` and `classifier.in_features` is the
+feature width: what FedClassAvg shares, FedCME swaps, FedMA matches and Setup reads is unchanged."""
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hpcfl.errors import ConfigError
@@ -32,3 +45,30 @@ def flat_size(stack: nn.Module, in_shape: tuple[int, ...], model: str, min_side:
             return int(stack(torch.zeros(1, *in_shape)).flatten(1).shape[1])
     finally:
         stack.train(was_training)
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """[model] params of a model whose features end with a hidden Linear + ReLU."""
+    preactivation: bool = False     # features stop before that ReLU, which starts the classifier
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """[model] params of a model without options."""
+
+
+class ReluLinear(nn.Linear):
+    """Linear(ReLU(x)): the classifier of a model built with preactivation = true."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.relu(x))
+
+
+def classifier(width: int, num_classes: int, preactivation: bool) -> nn.Linear:
+    return (ReluLinear if preactivation else nn.Linear)(width, num_classes)
+
+
+def activation(preactivation: bool, inplace: bool = False) -> nn.Module:
+    """The last hidden layer's ReLU, or Identity when the classifier applies it (same state_dict keys)."""
+    return nn.Identity() if preactivation else nn.ReLU(inplace=inplace)

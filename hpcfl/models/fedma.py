@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcfl.errors import ConfigError
-from hpcfl.models.common import image_shape, require_side
+from hpcfl.models.common import HeadOptions, classifier, image_shape, require_side
 from hpcfl.models.tcnn import TCNN
 
 
@@ -30,8 +30,8 @@ class LeNet(TCNN):
     For other inputs conv1 takes in_shape[0] channels and fc1 takes the flattened size
     (800 for 1x28x28, 1250 for 3x32x32)."""
 
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int):
-        super().__init__(in_shape, num_classes, feature_dim=500, widths=(20, 50), name="lenet")
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, options: HeadOptions = HeadOptions()):
+        super().__init__(in_shape, num_classes, feature_dim=500, widths=(20, 50), name="lenet", options=options)
 
 
 class VGG9(nn.Module):
@@ -67,8 +67,11 @@ class VGG9(nn.Module):
     3,491,530 parameters for 3x32x32 and 10 classes (Table 7's "original" count). For other inputs
     conv1 takes in_shape[0] channels and fc7 takes the flattened size (256 * 3 * 3 = 2304 for 1x28x28)."""
 
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int):
+    Options = HeadOptions
+
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, options: HeadOptions = HeadOptions()):
         super().__init__()
+        self.preactivation = options.preactivation
         channels, height, width = image_shape(in_shape, "vgg9")
         require_side(in_shape, "vgg9", 8)
         self.conv1 = nn.Conv2d(channels, 32, 3, padding=1)
@@ -82,7 +85,7 @@ class VGG9(nn.Module):
         self.drop8 = nn.Dropout(0.10)
         self.fc7 = nn.Linear(256 * (height // 8) * (width // 8), 512)  # size-preserving convs, 3 pools
         self.fc8 = nn.Linear(512, 512)
-        self.classifier = nn.Linear(512, num_classes)
+        self.classifier = classifier(512, num_classes, options.preactivation)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv2(F.relu(self.conv1(x))))
@@ -91,8 +94,8 @@ class VGG9(nn.Module):
         x = self.drop5(F.max_pool2d(x, 2))
         x = F.relu(self.conv6(F.relu(self.conv5(x))))
         x = self.drop6(F.max_pool2d(x, 2))
-        x = F.relu(self.fc8(F.relu(self.fc7(x.flatten(1)))))
-        return self.drop8(x)
+        x = self.fc8(F.relu(self.fc7(x.flatten(1))))
+        return self.drop8(x if self.preactivation else F.relu(x))     # dropout and ReLU commute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

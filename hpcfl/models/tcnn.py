@@ -16,15 +16,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hpcfl.models.common import flat_size, image_shape
+from hpcfl.models.common import HeadOptions, classifier, flat_size, image_shape
 
 
 class TCNN(nn.Module):
     """Two conv + one hidden FC + classifier; FedMA's LeNet is the same net with other widths."""
 
+    Options = HeadOptions
+
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, kernel_size: int = 5, feature_dim: int = 512,
-                 widths: tuple[int, int] = (32, 64), name: str = "tcnn"):
+                 widths: tuple[int, int] = (32, 64), name: str = "tcnn", options: HeadOptions = HeadOptions()):
         super().__init__()
+        self.preactivation = options.preactivation
         channels, _, _ = image_shape(in_shape, name)
         self.conv1 = nn.Conv2d(channels, widths[0], kernel_size)
         self.conv2 = nn.Conv2d(widths[0], widths[1], kernel_size)
@@ -32,12 +35,13 @@ class TCNN(nn.Module):
         flat = flat_size(nn.Sequential(self.conv1, nn.MaxPool2d(2), self.conv2, nn.MaxPool2d(2)),
                          in_shape, name, min_side=min_side)
         self.fc1 = nn.Linear(flat, feature_dim)
-        self.classifier = nn.Linear(feature_dim, num_classes)
+        self.classifier = classifier(feature_dim, num_classes, options.preactivation)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return F.relu(self.fc1(x.flatten(1)))
+        x = self.fc1(x.flatten(1))
+        return x if self.preactivation else F.relu(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

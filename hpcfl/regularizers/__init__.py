@@ -5,7 +5,8 @@ A job names them in `[algorithm] regularizers = ["prox", "moon"]` (parameters in
 `prox` and FedFM's feature matching can be added to MOON or FedNova by configuration.
 
 A term sees what the client received this round (`start`: the reference model under "model", and
-payloads such as FedFM's global anchors under "anchors"), may rescale the logits
+payloads such as FedFM's global anchors under "anchors"), may add layers to the model when it is
+built (`adapt`, on every rank: MOON's projection head), may rescale the logits
 before the task loss (`logits`), adds to the loss each batch (`loss`), and may keep per-client state
 that lives with the client on its worker, off the GPU between rounds (`finish`, keys `<name>.*`).
 
@@ -14,17 +15,19 @@ The terms, by family: hpcfl.regularizers.weights (`prox`), .contrastive (`moon`,
 """
 from typing import Mapping
 
+from torch import nn
+
 from hpcfl.config import params_from
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers.base import Frozen, Regularizer, Tensors
-from hpcfl.regularizers.contrastive import Moon, SupCon
+from hpcfl.regularizers.contrastive import Moon, ProjectedClassifier, SupCon
 from hpcfl.regularizers.logits import KnowledgeAnchor, NotTrueDistillation, RestrictedSoftmax, class_categories
 from hpcfl.regularizers.matching import ContrastiveGuiding, FeatureMatching, L2Matching
 from hpcfl.regularizers.weights import Linear, Prox
 
-__all__ = ["Frozen", "Regularizer", "Tensors", "Moon", "SupCon", "KnowledgeAnchor", "NotTrueDistillation",
-           "RestrictedSoftmax", "class_categories", "ContrastiveGuiding", "FeatureMatching", "L2Matching", "Linear",
-           "Prox", "REGULARIZERS", "regularizer_params", "build_regularizers"]
+__all__ = ["Frozen", "Regularizer", "Tensors", "Moon", "ProjectedClassifier", "SupCon", "KnowledgeAnchor",
+           "NotTrueDistillation", "RestrictedSoftmax", "class_categories", "ContrastiveGuiding", "FeatureMatching",
+           "L2Matching", "Linear", "Prox", "REGULARIZERS", "regularizer_params", "build_regularizers", "adapt_model"]
 
 
 REGULARIZERS: dict[str, type[Regularizer]] = {
@@ -44,3 +47,11 @@ def build_regularizers(tables: Mapping[str, Mapping], seed: int = 0) -> list[Reg
     for term in terms:
         term.seed = seed
     return terms
+
+
+def adapt_model(model: nn.Module, tables: Mapping[str, Mapping], seed: int) -> nn.Module:
+    """`model` with what the named terms ({name: config table}) add to it at build time (MOON's
+    projection head), the same on every rank."""
+    for name, raw in tables.items():
+        REGULARIZERS[name].adapt(model, regularizer_params(name, raw), seed)
+    return model

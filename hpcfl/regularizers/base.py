@@ -29,6 +29,13 @@ class Regularizer:
     views: ClassVar[int] = 1       # 2: the trainer makes two augmented views of each batch (SupCon), and
                                    # `loss` gets their features as N x 2 x d (view 1 is what the task loss sees)
 
+    @classmethod
+    def adapt(cls, model: nn.Module, params, seed: int) -> None:
+        """At model build time, on every rank (the server's model too), after the model's own
+        initialisation: add what the term needs to the architecture (MOON's projection head). What it
+        adds is in the state_dict, so it travels and is averaged like the rest; it must be built the
+        same on every rank, from a generator derived from `seed` (hpcfl.seeding)."""
+
     def start(self, model: nn.Module, client, round: int, received: Mapping[str, Tensors]) -> None:
         """Before local training; received["model"] is the model state the client started from."""
 

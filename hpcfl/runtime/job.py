@@ -9,7 +9,7 @@ per-round report (client metrics and per-rank timings, summed onto the server).
 import json
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +18,14 @@ import torch
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import MATCHED, Client, Setup
 from hpcfl.batched import BatchedTrainer
-from hpcfl.config import JobConfig
+from hpcfl.config import JobConfig, model_params
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, local_test_sets, partition, shared_set, validation_split
 from hpcfl.errors import ConfigError, HpcflError, TrainingFault
 from hpcfl.metrics import Recorder
-from hpcfl.models import build_model, count_parameters
+from hpcfl.models import build_model, count_parameters, model_options
+from hpcfl.regularizers import adapt_model
 from hpcfl.runtime.memory import peak_bytes, reset_peak
 from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, pick_device, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
@@ -112,15 +113,16 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
     root = resolve_data_root(data_root or config.data.root or None)
     workers = worker_ranks(transport.size)
-    data = load_dataset(config.data.dataset, root, train_images=transport.rank in workers)
+    validating = config.data.validation_fraction > 0          # the server then tests on the held-out samples too
+    data = load_dataset(config.data.dataset, root, train_images=transport.rank in workers or validating)
     labels = data.train_y.numpy()
     parts = partition(labels, config.data.num_clients, config.data.partition, config.data.partition_params,
-                      config.run.seed, config.data.min_samples, data.groups)
+                      config.data_seed, config.data.min_samples, data.groups)
     val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
     if config.data.validation_fraction > 0:
-        parts, val_parts = validation_split(parts, config.data.validation_fraction, config.run.seed)
+        parts, val_parts = validation_split(parts, config.data.validation_fraction, config.data_seed)
     counts = count_matrix(labels, parts, data.num_classes)
-    local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.run.seed)
+    local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.data_seed)
                    if config.data.local_test_ratio > 0 else None)
     transport.client_rank = assign_clients(counts.sum(1), workers)    # each client's home; it trains there if fixed
 
@@ -133,7 +135,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     if two_views and data.mean is None:
         raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no images; "
                           "drop the term or pick an image data set")
-    shared = (shared_set(labels, data.num_classes, config.run.seed)
+    shared = (shared_set(labels, data.num_classes, config.data_seed)
               if any(t.needs_shared for t in algorithm.regularizers) else None)
     moving = algorithm.moves_clients(config)
     worker = server = recorder = None
@@ -164,7 +166,9 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
                         config.train.on_nonfinite == "drop", batched, moving)
     if transport.is_server:
-        server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device)
+        held_out = torch.from_numpy(np.concatenate(val_parts))
+        server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device,
+                        validation=(data.train_x[held_out], data.train_y[held_out]) if validating else None)
         if resume_file:
             recorder = Recorder.reopen(config.result_path, rounds)
         else:
@@ -191,11 +195,18 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
 
 def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
     """One model instance per architecture, each initialised from the run's "init" seed; on a
-    heterogeneous run their feature widths must agree, since the clients share a classifier."""
+    heterogeneous run their feature widths must agree, since the clients share a classifier. The
+    job's local terms (a preset's own included) then add their layers (MOON's projection head)."""
     models = {}
+    preset = getattr(ALGORITHMS[config.algorithm.name], "term", None)
+    own = {f.name for f in fields(preset.Params)} if preset else set()       # the term's keys (not init, model_every)
+    terms = {**config.algorithm.regularizers,
+             **({preset.name: {k: v for k, v in config.algorithm.params.items() if k in own}} if preset else {})}
+    options = model_params(config.model.params, {name: model_options(name) for name in config.architectures})
     for name in config.architectures:
         torch.manual_seed(torch_seed(config.run.seed, "init"))
-        models[name] = build_model(name, in_shape, num_classes).to(device)
+        models[name] = build_model(name, in_shape, num_classes, options[name]).to(device)
+        adapt_model(models[name], terms, config.run.seed)
     widths = {name: m.classifier.in_features for name, m in models.items() if hasattr(m, "classifier")}
     if len(models) > 1 and len(set(widths.values())) != 1:
         raise ConfigError(f"model.architectures have features of different widths {widths}: heterogeneous clients "
@@ -313,8 +324,11 @@ def _evaluate(job: Job, round: int) -> dict:
     result = job.server.evaluate()
     if result is None:                    # no global model (local-only): accuracy is personalised
         return {}
-    return {"round/test_acc": result["acc"], "round/test_loss": result["loss"],
-            "class/test_acc": result["class_acc"], "round/eval_s": time.perf_counter() - start}
+    out = {"round/test_acc": result["acc"], "round/test_loss": result["loss"], "class/test_acc": result["class_acc"]}
+    validation = job.server.evaluate(on="validation") if job.algorithm.global_model else None   # else: _record's
+    if validation is not None:
+        out.update({"round/val_acc": validation["acc"], "round/val_loss": validation["loss"]})
+    return {**out, "round/eval_s": time.perf_counter() - start}
 
 
 FORGETTING_XI = 1e-3            # xi of FedKA eq. (1), which keeps a class the global model never gets finite
@@ -332,9 +346,12 @@ def _split_report(job: Job, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 def _forgetting(job: Job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) -> dict:
     """FedKA eq. (1) per sampled client and class: (acc_global - acc_local) / (acc_global + xi), with
-    acc_global the class accuracy of the model the round started from."""
+    acc_global the class accuracy of the model the round started from. A client whose update was
+    non-finite (CLIENT_METRICS 'nonfinite') had no model tested: NaN, not the ~1 its zero row would give."""
+    rows, classes, _ = _split_report(job, flat)
+    tested = [c for c in cohort if not rows[c, CLIENT_METRICS.index("nonfinite")] > 0]     # 1 or NaN (not set)
     local = np.full((job.config.data.num_clients, job.num_classes), np.nan)
-    local[cohort] = _split_report(job, flat)[1][cohort]
+    local[tested] = classes[tested]
     return {"class/start_acc": start_acc, "client_class/test_acc": local,
             "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
 
@@ -371,6 +388,8 @@ def _record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, log) -
     if "client/local_test_acc" in values:                  # personalised accuracy across the cohort
         personal = values["client/local_test_acc"][cohort]
         values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
+    if "client/val_acc" in values and not job.algorithm.global_model and cfg.evaluates(round):
+        values["round/val_acc"] = float(np.nanmean(values["client/val_acc"][cohort]))   # the clients' own models
     samples = rows[:, CLIENT_METRICS.index("num_samples")]
     trained = [c for c in cohort if np.isfinite(rows[c, 0])]        # a dropped NaN/Inf client is left out
     values["round/train_loss"] = (float(np.sum(rows[trained, 0] * samples[trained]) / np.sum(samples[trained]))
@@ -388,6 +407,7 @@ def _record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, log) -
     acc, personal = values.get("round/test_acc"), values.get("round/personal_acc_mean")
     text = "" if acc is None else f"test_acc {acc:.4f}  test_loss {values['round/test_loss']:.4f}  "
     text += "" if personal is None else f"personal_acc {personal:.4f}  "
+    text += f"val_acc {values['round/val_acc']:.4f}  " if "round/val_acc" in values else ""
     log(f"round {round + 1:>4}/{cfg.run.rounds}  {text}train_loss {values['round/train_loss']:.4f}  "
         f"{round_s:6.2f} s")
     state = values["rank/client_state_bytes"]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hpcfl.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clients, save
-from hpcfl.config import JobConfig
+from hpcfl.config import NON_RESULT_KEYS, JobConfig
 from hpcfl.errors import HpcflError, ResultsError
 from hpcfl.metrics import read_run
 from hpcfl.runtime.lock import claim
@@ -58,10 +58,9 @@ def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
 
 def _resumable(config: dict) -> dict:
     """A configuration without the keys that may change between a run and its resumption."""
-    run = {k: v for k, v in config.get("run", {}).items() if k not in ("results_root", "checkpoint_every", "checkpoint_keep",
-                                                                      "round_timeout_s")}
-    train = {k: v for k, v in config.get("train", {}).items() if k != "on_nonfinite"}
-    return {**config, "run": run, "train": train}
+    free = {*NON_RESULT_KEYS, "train.on_nonfinite"}       # what to do about a NaN may change too
+    return {section: {k: v for k, v in values.items() if f"{section}.{k}" not in free} if isinstance(values, dict)
+            else values for section, values in config.items()}
 
 
 def restore(job, directory: Path, rounds: int, log) -> None:

@@ -12,10 +12,15 @@ from hpcfl.metrics.feature_space import feature_quality
 
 
 class Server:
-    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, test_x, test_y, eval_batch: int, device):
+    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, test_x, test_y, eval_batch: int, device,
+                 validation: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """`validation`: every client's held-out samples (data.validation_fraction), for model selection."""
         self.algorithm, self.model, self.device = algorithm, model, device
         self.state = {k: v.to(device) for k, v in algorithm.init_server_state(model).items()}
         self.test_x, self.test_y = test_x.to(device), test_y.to(device)
+        self.sets = {"test": (self.test_x, self.test_y)}
+        if validation is not None:
+            self.sets["validation"] = tuple(t.to(device) for t in validation)
         self.eval_batch = eval_batch
         self.compute_s = 0.0
 
@@ -51,9 +56,12 @@ class Server:
         model = self.algorithm.global_module(self.state, self.model)
         return feature_quality(model, self.test_x, self.test_y, self.algorithm.setup.num_classes, seed)
 
-    def evaluate(self) -> dict | None:
-        """Test accuracy, loss and per-class accuracy of the server's model (None if it has none)."""
+    def evaluate(self, on: str = "test") -> dict | None:
+        """Accuracy, loss and per-class accuracy of the server's model on the test set or the clients'
+        held-out validation samples (None if it has no model, or no such set)."""
+        if on not in self.sets:
+            return None
         start = time.perf_counter()
-        result = self.algorithm.evaluate(self.state, self.model, self.test_x, self.test_y, self.eval_batch)
+        result = self.algorithm.evaluate(self.state, self.model, *self.sets[on], self.eval_batch)
         self.compute_s += time.perf_counter() - start
         return result

@@ -1,11 +1,16 @@
-"""FedAvgM, SCAFFOLD, FedNova, FedDyn, local-only and the ensemble against hand-computed numbers,
-on a one-scalar model (w) so that every update rule can be read off."""
+"""FedAvgM, SCAFFOLD, FedNova, FedDyn, local-only, the ensemble and FedFM-Lite against hand-computed
+numbers, on a one-scalar model (w) so that every update rule can be read off; their configuration rules."""
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from algorithms.helpers import Scalar, StepTrainer, client, make, sums
-from hpcfl.algorithms.base import ONE, WEIGHT
+from hpcfl.algorithms.base import ONE, WEIGHT, Client
+from hpcfl.anchors import ANCHORS
 from hpcfl.algorithms.fednova import STEPS, normalising_steps
+from hpcfl.config import job_from_dict
+from hpcfl.errors import ConfigError
 from hpcfl.regularizers import Linear, Prox
 
 
@@ -27,6 +32,44 @@ def test_fedavgm_applies_server_momentum_to_the_pseudo_gradient():
     _aggregate(algo, state, {"model": ({**_w(0.25), WEIGHT: ONE}, 2)})
     assert state["momentum.w"].item() == pytest.approx(0.9 * 0.5 + 0.25)
     assert state["model.w"].item() == pytest.approx(0.5 - 0.7)
+
+
+class _WithStatistic(Scalar):
+    """w plus a buffer `stat` (as a BatchNorm running statistic): buffers take the plain weighted mean."""
+
+    def __init__(self, value=1.0):
+        super().__init__(value)
+        self.register_buffer("stat", torch.tensor(0.0))
+
+
+def _up(w, stat, weight):
+    return {"model": ({"w": torch.tensor(w), "stat": torch.tensor(stat), WEIGHT: ONE}, weight)}
+
+
+def test_fedavgm_default_server_rule_over_three_rounds():
+    algo = make("fedavgm", _WithStatistic())
+    assert algo.server_lr == pytest.approx(0.1)                           # eta = 1 - beta, beta = 0.9
+    state = algo.init_server_state(_WithStatistic(1.0))
+    _aggregate(algo, state, _up(0.4, 2.0, 1), _up(0.6, 6.0, 3))            # mean w 0.55, stat 5
+    assert state["momentum.w"].item() == pytest.approx(0.45)               # d = 1 - 0.55
+    assert state["model.w"].item() == pytest.approx(1 - 0.1 * 0.45)        # 0.955
+    assert state["model.stat"].item() == pytest.approx(5.0)
+    _aggregate(algo, state, _up(0.855, 1.0, 2), round=1)                   # d = 0.1
+    assert state["momentum.w"].item() == pytest.approx(0.9 * 0.45 + 0.1)   # 0.505
+    assert state["model.w"].item() == pytest.approx(0.955 - 0.0505)        # 0.9045
+    _aggregate(algo, state, _up(0.9045, 3.0, 1), round=2)                  # d = 0: the momentum alone moves w
+    assert state["momentum.w"].item() == pytest.approx(0.9 * 0.505)
+    assert state["model.w"].item() == pytest.approx(0.9045 - 0.1 * 0.4545)
+    assert state["model.stat"].item() == pytest.approx(3.0)                # no momentum on buffers
+
+
+@pytest.mark.parametrize("server_lr, step", [(0.0, 0.2), (1.0, 2.0)])
+def test_fedavgm_effective_server_step_is_lr_over_one_minus_beta(server_lr, step):
+    algo = make("fedavgm", Scalar(1.0), {"server_lr": server_lr, "server_momentum": 0.9})
+    state = algo.init_server_state(Scalar(1.0))
+    state["momentum.w"].fill_(0.2 / (1 - 0.9))          # the velocity a steady pseudo-gradient d = 0.2 builds up
+    _aggregate(algo, state, {"model": ({**_w(0.8), WEIGHT: ONE}, 1)})      # d = 0.2 again
+    assert state["model.w"].item() == pytest.approx(1.0 - step)       # eta / (1 - beta) * d: FedAvg's by default
 
 
 def test_scaffold_client_corrects_its_steps_and_updates_its_control_variate():
@@ -63,8 +106,8 @@ def test_fednova_normalising_steps(steps, momentum, lr_mu, expected):
 
 def test_fednova_client_sends_its_normalised_update():
     algo = make("fednova", Scalar(), train={"momentum": 0.5, "clients_per_round": 1})
-    contributions, _ = algo.client_update(algo.plan(0)[0], 0, client(samples=3), {"model": _w(1.0)}, Scalar(),
-                                          StepTrainer(target=0.6, steps=3))
+    contributions, _ = algo.client_update(algo.plan(0)[0], 0, client(samples=3), {"model": _w(1.0)}, Scalar(-7.0),
+                                          StepTrainer(shift=-0.4, steps=3))      # from the received 1.0 to 0.6
     tensors, weight = contributions["model"]
     assert weight == 3.0 and tensors[STEPS].item() == pytest.approx(4.25)
     assert tensors["w"].item() == pytest.approx(0.4 / 4.25)
@@ -74,6 +117,26 @@ def test_fednova_prox_mu_enters_the_normalisation():
     algo = make("fednova", Scalar(), train={"lr": 0.1, "clients_per_round": 1},
                 algorithm={"name": "fednova", "regularizers": {"prox": {"mu": 1.0}}})
     assert algo.lr_mu == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("algorithm, allowed", [("scaffold", False), ("fednova", False), ("feddyn", True)])
+def test_step_counting_algorithms_refuse_adam(algorithm, allowed):
+    raw = {"algorithm": {"name": algorithm}, "train": {"optimizer": "adam"}}
+    if allowed:
+        job_from_dict(raw)
+    else:
+        with pytest.raises(ConfigError, match=f"'{algorithm}' needs train.optimizer = \"sgd\""):
+            job_from_dict(raw)
+
+
+@pytest.mark.parametrize("algorithm", ["fednova", "scaffold"])
+@pytest.mark.parametrize("prox", [{"scope": "classifier"}, {"reduction": "mean"}])
+def test_a_step_count_with_prox_needs_one_mu_on_every_parameter(algorithm, prox):
+    raw = {"algorithm": {"name": algorithm, "regularizers": {"prox": prox}}, "data": {"num_clients": 2},
+           "train": {"clients_per_round": 2}}
+    with pytest.raises(ConfigError, match='algorithm.regularizers.prox scope = "model" and reduction = "sum"'):
+        job_from_dict(raw)
+    job_from_dict({**raw, "algorithm": {"name": algorithm, "regularizers": {"prox": {"mu": 0.1}}}})
 
 
 def test_fednova_server_rescales_by_the_effective_steps():
@@ -88,8 +151,8 @@ def test_fednova_server_rescales_by_the_effective_steps():
 
 def test_feddyn_client_uses_and_updates_its_gradient_state():
     algo = make("feddyn", Scalar(), {"alpha": 0.1})
-    me, trainer = client(), StepTrainer(target=0.5)
-    contributions, _ = algo.client_update(algo.plan(0)[0], 0, me, {"model": _w(1.0)}, Scalar(), trainer)
+    me, trainer = client(), StepTrainer(shift=-0.5)
+    contributions, _ = algo.client_update(algo.plan(0)[0], 0, me, {"model": _w(1.0)}, Scalar(-7.0), trainer)
     linear = [t for t in trainer.terms if isinstance(t, Linear)][0]
     prox = [t for t in trainer.terms if isinstance(t, Prox)][0]
     assert linear.vector["w"].item() == 0.0 and prox.params.mu == 0.1
@@ -97,6 +160,11 @@ def test_feddyn_client_uses_and_updates_its_gradient_state():
     assert contributions["model"][1] == 1.0                                   # uniform average
     algo.client_update(algo.plan(1)[0], 1, me, {"model": _w(1.0)}, Scalar(), trainer)
     assert linear.vector["w"].item() == pytest.approx(-0.05)                  # -g
+
+
+def test_feddyn_refuses_a_non_positive_alpha():
+    with pytest.raises(ConfigError, match="alpha = 0"):
+        job_from_dict({"algorithm": {"name": "feddyn", "params": {"alpha": 0.0}}})
 
 
 def test_feddyn_server_corrects_the_mean_by_h():
@@ -138,7 +206,8 @@ def test_ensemble_averages_client_probabilities():
 
 
 def test_fedfm_lite_sends_models_every_a_rounds_and_anchors_every_round():
-    algo = make("fedfm_lite", Scalar(), {"model_every": 3, "start_round": 2}, run={"rounds": 8})
+    algo = make("fedfm_lite", Scalar(), {"model_every": 3, "start_round": 2}, run={"rounds": 8},
+                train={"clients_per_round": 4})
     plans = [algo.plan(r)[0] for r in range(8)]
     assert [("model" in p.downlink) for p in plans] == [True, False, False, True, False, False, True, False]
     assert [("model" in p.uplink) for p in plans] == [False, False, True, False, False, True, False, True]
@@ -153,3 +222,80 @@ def test_fedfm_opens_each_round_from_its_start_with_the_anchor_phase():
     assert anchor.name == "anchors" and set(anchor.downlink) == {"model", "anchors"} and set(anchor.uplink) == {"anchors"}
     assert set(train.downlink) == {"anchors"}               # the model went out once, with the anchor phase
     assert set(train.uplink) == {"model"}
+
+
+def test_fedfm_lite_sends_the_model_every_round_by_default_with_any_participation():
+    algo = make("fedfm_lite", Scalar(), {}, run={"rounds": 3})              # 1 client of 4 per round
+    assert all("model" in algo.plan(r)[0].downlink and "model" in algo.plan(r)[0].uplink for r in range(3))
+
+
+@pytest.mark.parametrize("params, regularizers, message", [
+    ({"model_every": 0}, {}, "model_every = 0 must be >= 1"),
+    ({"anchor_weighting": "mean"}, {}, "anchor_weighting"),                 # the term's own rules
+    ({}, {"fm_cg": {}}, "already includes the 'fm_cg' term"),               # FedAvg's rules
+])
+def test_fedfm_lite_parameter_rules(params, regularizers, message):
+    with pytest.raises(ConfigError, match=message):
+        job_from_dict({"algorithm": {"name": "fedfm_lite", "params": params, "regularizers": regularizers}})
+
+
+def test_fedfm_lite_with_models_every_a_rounds_needs_every_client_every_round():
+    raw = {"algorithm": {"name": "fedfm_lite", "params": {"model_every": 2}}, "data": {"num_clients": 4},
+           "train": {"clients_per_round": 3}}
+    with pytest.raises(ConfigError, match="model_every = 2 .* train.clients_per_round = data.num_clients = 4"):
+        job_from_dict(raw)
+    job_from_dict({**raw, "train": {"clients_per_round": 4}})
+    job_from_dict({**raw, "algorithm": {"name": "fedfm_lite", "params": {"model_every": 1}}})
+
+
+def test_fedfm_lite_upload_round_averages_what_every_client_trained_since_the_model_round():
+    """a = 2, every client every round: round 0 receives the model, round 1 continues each client's
+    own model and uploads it; the server's model is the mean of all of them."""
+    algo = make("fedfm_lite", Scalar(), {"model_every": 2}, run={"rounds": 4}, train={"clients_per_round": 4})
+    state = algo.init_server_state(Scalar(1.0))
+    clients = [client(k, samples=k + 1) for k in range(4)]
+    for round in (0, 1):
+        phase = algo.plan(round)[0]
+        downlink = algo.make_downlink(phase, round, state)
+        algo.receive(phase, round, downlink)
+        ups = [algo.update_client(phase, round, c, downlink, Scalar(-7.0), StepTrainer(shift=c.id))[0]
+               for c in clients]              # each on a model holding junk: it starts from the right one
+        assert ("model" in ups[0]) == (round == 1)
+        algo.aggregate(phase, round, state, {name: sums(phase.uplink[name], *(u[name] for u in ups))
+                                             for name in phase.uplink})
+        assert state["model.w"].item() == (1.0 if round == 0 else pytest.approx(1.0 + 2 * (0 + 2 + 6 + 12) / 10))
+        assert all(bool(c.state) == (round == 0) for c in clients)       # a local model is kept until it is sent
+
+
+class Featured(nn.Module):
+    """features = w * x (1-d), classifier 1 -> 2: anchors that move with training."""
+
+    def __init__(self, value=1.0):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(value))
+        self.classifier = nn.Linear(1, 2, bias=False)
+
+    def features(self, x):
+        return self.w * x
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def test_fedfm_lite_clients_send_anchors_of_the_model_they_just_trained():
+    """Eq. 8 after local training: w goes 1 -> 2 and 1 -> 3; class 0 = mean(2*1, 3*3), class 1 = 2*2."""
+    algo = make("fedfm_lite", Featured(), {"model_every": 2, "start_round": 1}, num_clients=2,
+                run={"rounds": 4}, train={"clients_per_round": 2})
+    state = algo.init_server_state(Featured())
+    phase = algo.plan(0)[0]
+    downlink = algo.make_downlink(phase, 0, state)
+    algo.receive(phase, 0, downlink)
+    clients = [Client(0, torch.tensor([[1.0], [2.0]]), torch.tensor([0, 1]), np.array([1, 1])),
+               Client(1, torch.tensor([[3.0]]), torch.tensor([0]), np.array([1, 0]))]
+    ups = [algo.update_client(phase, 0, c, downlink, Featured(-7.0), StepTrainer(shift=c.id + 1.0))[0]
+           for c in clients]
+    assert set(ups[0]) == {ANCHORS}
+    algo.aggregate_uplink(phase, 0, state, {ANCHORS: sums(phase.uplink[ANCHORS], *(u[ANCHORS] for u in ups))})
+    anchors = algo.anchor_state(state)
+    assert anchors["anchors"][:, 0].tolist() == pytest.approx([(2.0 + 9.0) / 2, 4.0])
+    assert anchors["known"].tolist() == [1.0, 1.0]

@@ -1,9 +1,17 @@
-"""FedAvg's hooks against hand-computed numbers, BatchNorm included."""
+"""FedAvg's hooks against hand-computed numbers, BatchNorm included; its `init` option (round 0 from
+each client's own initialisation, FedMA Appendix A) on its presets, and the default unchanged."""
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from algorithms.helpers import StepTrainer, client, make, sums
 from hpcfl.algorithms.base import ONE, WEIGHT
+from hpcfl.algorithms.initial import independent_init
+from hpcfl.config import job_from_dict
+from hpcfl.errors import ConfigError
+from hpcfl.launch import main
+from hpcfl.metrics import read_run
 from hpcfl.models import load_state
 
 
@@ -29,9 +37,11 @@ def test_no_contribution_keeps_the_model():
     assert all(torch.equal(before[k], state[k]) for k in state)
 
 
-def test_client_update_starts_from_the_downlink_and_weights_by_samples():
+@pytest.mark.parametrize("params", [None, {"init": "shared"}])
+def test_client_update_starts_from_the_downlink_and_weights_by_samples(params):
     model = nn.Linear(2, 1)
-    algo = make("fedavg", model)
+    algo = make("fedavg", model, params)
+    assert "model" in algo.plan(0)[0].downlink
     downlink = {"model": {"weight": torch.zeros(1, 2), "bias": torch.zeros(1)}}
     contributions, metrics = algo.client_update(algo.plan(0)[0], 0, client(samples=5), downlink, model,
                                                 StepTrainer(shift=1.0))
@@ -84,3 +94,67 @@ def test_load_state_copies_into_the_models_own_tensors():
     model = nn.Linear(1, 1)
     load_state(model, {"weight": torch.tensor([[3.0]], dtype=torch.float64), "bias": torch.tensor([1.0])})
     assert model.weight.dtype == torch.float32 and model.weight.item() == 3.0
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))
+
+
+def test_independent_init_starts_round_0_from_the_clients_own_model_and_later_rounds_from_the_global_one():
+    """FedProx with init = "independent": round 0 sends no model and each client starts from (and its
+    proximal term refers to) its own initialisation; round 1 starts from the global model, for a client
+    sampled for the first time too."""
+    net = _mlp()
+    algo = make("fedprox", net, {"mu": 0.3, "init": "independent"}, run={"seed": 5})
+    first, later = algo.plan(0)[0], algo.plan(1)[0]
+    assert "model" not in first.downlink and first.uplink == later.uplink and "model" in later.downlink
+    assert algo.regularizers[0].params.mu == 0.3
+    own = {cid: independent_init(net, 5, cid) for cid in (0, 1)}
+    update, _ = algo.client_update(first, 0, client(0), {}, net, StepTrainer(shift=1.0))
+    tensors = update["model"][0]
+    reference = algo.regularizers[0].reference
+    assert all(torch.equal(reference[k], own[0][k]) for k in reference)
+    assert all(torch.equal(tensors[k], own[0][k] + 1.0) for k in own[0])
+    global_model = {k: torch.full_like(v, 0.5) for k, v in own[0].items()}
+    update, _ = algo.client_update(later, 1, client(1), {"model": global_model}, net, StepTrainer(shift=1.0))
+    tensors = update["model"][0]
+    assert all(torch.equal(algo.regularizers[0].reference[k], global_model[k]) for k in reference)
+    assert all(torch.equal(tensors[k], torch.full_like(own[1][k], 1.5)) for k in own[1])
+
+
+def test_independent_round_0_is_not_trained_as_a_batch():
+    algo = make("fedavg", _mlp(), {"init": "independent"}, train={"clients_per_round": 1, "batched_clients": 4})
+    state = {"model": {"w": torch.ones(1)}}
+    assert algo.batch_start(algo.plan(0)[0], {}) is None
+    assert algo.batch_start(algo.plan(1)[0], state) is state["model"]
+
+
+@pytest.mark.parametrize("name, params, message", [
+    *((name, {"init": "random"}, r"\[algorithm.params\]: init = 'random'; choose 'shared'")
+      for name in ("fedavg", "fedprox", "moon", "ensemble", "local_only", "fedma")),
+    ("fedprox", {"init": "independent", "scope": "head"}, "scope = 'head'"),          # the term's own checks too
+    ("fedka", {"init": "shared", "classes": "some"}, "classes = 'some'")])
+def test_init_must_be_shared_or_independent(name, params, message):
+    with pytest.raises(ConfigError, match=message):
+        job_from_dict({"algorithm": {"name": name, "params": params},
+                       "data": {"num_clients": 2, "local_test_ratio": 0.3}, "train": {"clients_per_round": 2}})
+
+
+def test_shared_init_runs_as_before_and_independent_sends_no_model_in_round_0(tiny_job, tmp_path):
+    """Through the launcher on digits: init = "shared" gives the default run number for number; with
+    "independent" round 0 moves no model down and its clients start elsewhere. (Its round-0 average of
+    independently initialised models is near chance: what FedMA's matching is for.)"""
+    def run(name, *sets):
+        args = [str(tiny_job("fedprox", rounds=2)), "--results-root", str(tmp_path), "--set", f"run.name='{name}'"]
+        assert main([*args, *(a for s in sets for a in ("--set", s))]) == 0
+        return read_run(tmp_path / "test" / f"{name}.h5").arrays
+    default, shared = run("default"), run("shared", "algorithm.params.init='shared'")
+    independent = run("independent", "algorithm.params.init='independent'")
+    for key in ("client/train_loss", "round/test_acc", "round/bytes_down/model"):
+        np.testing.assert_array_equal(default[key], shared[key])
+    assert default["round/bytes_down/model"][0] > 0 and not independent["round/bytes_down/model"][0] > 0
+    assert independent["round/bytes_down/model"][1] == default["round/bytes_down/model"][1]
+    first = [np.nan_to_num(arrays["client/train_loss"][0]) for arrays in (independent, default)]
+    assert not np.allclose(*first)
+    assert np.isfinite(independent["round/test_acc"]).all()

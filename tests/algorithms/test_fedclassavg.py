@@ -1,5 +1,6 @@
 """FedClassAvg and FedProto (personalised, heterogeneous clients) against hand-computed numbers, and
-their terms (SupCon, the classifier-only proximal term) against direct formulas."""
+their terms (SupCon, the classifier-only proximal term) against direct formulas; FedClassAvg as its
+authors ran it (warm-up, temperature 100 on unnormalised pre-activation features)."""
 import math
 
 import numpy as np
@@ -8,13 +9,18 @@ import torch
 from torch import nn
 
 from algorithms.helpers import StepTrainer, client, make, sums
-from hpcfl.algorithms.base import WEIGHT
+from hpcfl.algorithms.base import WEIGHT, Client
 from hpcfl.anchors import ANCHORS
 from hpcfl.config import job_from_dict
+from hpcfl.data.base import resolve_data_root
+from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
+from hpcfl.models import build_model
+from hpcfl.models.common import HeadOptions
 from hpcfl.regularizers import Prox, SupCon
+from hpcfl.seeding import torch_seed
 from hpcfl.training import LocalTrainer
 
 
@@ -117,7 +123,6 @@ def test_two_view_terms_get_both_views_and_the_task_loss_the_first():
             seen.append((x, features.detach(), torch.allclose(logits, model.classifier(features[:, 0]))))
             return super().loss(model, x, y, features, logits)
 
-    from hpcfl.models import build_model
     torch.manual_seed(0)
     model = build_model("fmnist_cnn", (1, 8, 8), 3)
     job = job_from_dict({"train": {"batch_size": 4}})
@@ -174,3 +179,91 @@ def test_heterogeneous_feature_widths_are_refused_before_training(tiny_job, tmp_
     assert main([str(tiny_job("local_only")), "--results-root", str(tmp_path), "--set", "data.local_test_ratio=0.3",
                  "--set", 'model.architectures=["fmnist_cnn", "alexnet_cifar"]']) == 2
     assert "same width" in capsys.readouterr().err
+
+
+
+# -- the authors' setting: warm-up, temperature 100 on unnormalised pre-activation features ----------
+AUTHORS = {"rho": 0.1, "temperature": 100.0, "base_temperature": 0.07, "normalize": False}
+TRAIN = {"clients_per_round": 1, "optimizer": "adam", "lr": 1e-3, "betas": [0.5, 0.999], "weight_decay": 1e-4,
+         "batch_size": 16}
+
+
+def _digits_client(cid, samples):
+    data = load_dataset("digits", resolve_data_root(None))
+    idx = torch.from_numpy(np.random.default_rng(cid).permutation(len(data.train_y))[:samples])
+    y = data.train_y[idx]
+    return Client(cid, data.train_x[idx], y, np.bincount(y.numpy(), minlength=10)), (data.mean, data.std)
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    return build_model("fmnist_cnn", (1, 8, 8), 10, HeadOptions(preactivation=True))
+
+
+def _by_hand(initial, classifier, me, normalization, rounds):
+    """The authors' order, spelled out: warm up the own initial model (prox towards its own initial
+    classifier; draws keyed by the warm-up seed and client, round 0), take the global classifier,
+    then train each round in `rounds` from the kept model (prox towards the global classifier)."""
+    cfg = job_from_dict({"train": TRAIN}).train
+    model = _net(0)
+    model.load_state_dict(initial)
+
+    def train(trainer, round, reference, epochs=None):
+        prox = Prox(Prox.Params(AUTHORS["rho"], scope="classifier", reduction="mean"))
+        prox.start(model, me, round, {"model": reference})
+        supcon = SupCon(SupCon.Params(1.0, 100.0, 0.07, False))
+        trainer.train(model, me, round, [supcon, prox], epochs)
+
+    train(LocalTrainer(cfg, torch_seed(0, "fedclassavg.warmup"), normalization), 0, initial, range(1))
+    for round in rounds:
+        model.load_state_dict({**model.state_dict(), **classifier})
+        train(LocalTrainer(cfg, 0, normalization), round, {k: v.clone() for k, v in model.state_dict().items()})
+    return model.state_dict()
+
+
+def test_warm_up_runs_once_per_client_keyed_by_the_client_and_uploads_nothing():
+    algo = make("fedclassavg", _net(0), {**AUTHORS, "warmup_epochs": 1}, num_clients=4, train=TRAIN)
+    initial = {k: v.clone() for k, v in _net(0).state_dict().items()}
+    server = algo.init_server_state(_net(5))            # a global classifier unlike the clients' initial one
+    classifier = {n: server[f"model.{n}"].clone() for n in ("classifier.weight", "classifier.bias")}
+    phase = algo.plan(0)[0]
+    kept = {}
+    for torch_state in (11, 12):                        # two "workers": torch's global generator plays no part
+        me, normalization = _digits_client(2, 96)
+        trainer = LocalTrainer(algo.setup.job.train, 0, normalization)
+        algo.init_client_state(me, _net(0))
+        torch.manual_seed(torch_state)
+        for round in (3, 6):                            # first sampled in round 3, then in round 6
+            up, _ = algo.client_update(phase, round, me, algo.downlink(phase, round, server), _net(9), trainer)
+            sent = {n: up["shared"][0][n] for n in classifier}
+        kept[torch_state] = {k[len("model."):]: v for k, v in me.state.items() if k.startswith("model.")}
+    expected = _by_hand(initial, classifier, me, normalization, rounds=(3, 6))
+    for state in kept.values():
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in expected)
+    assert all(torch.equal(sent[n], expected[n]) for n in classifier)       # the round's classifier, no warm-up's
+    once = _by_hand(initial, classifier, me, normalization, rounds=(3,))
+    assert not torch.equal(once["classifier.weight"], expected["classifier.weight"])     # round 6 trained on
+    plain = make("fedclassavg", _net(0), AUTHORS, num_clients=4, train=TRAIN)
+    me, normalization = _digits_client(2, 96)
+    plain.init_client_state(me, _net(0))
+    plain.client_update(phase, 3, me, plain.downlink(phase, 3, server), _net(9), trainer)
+    assert not torch.equal(me.state["model.fc.0.weight"], once["fc.0.weight"])          # the warm-up acts
+
+
+def test_warm_up_parameters_are_checked():
+    for params, message in (({"warmup_epochs": -1}, "warmup_epochs = -1 must be >= 0"),
+                            ({"warmup_epochs": 1, "share": "all"}, "replaces the whole warmed-up model")):
+        with pytest.raises(ConfigError, match=message):
+            job_from_dict({"algorithm": {"name": "fedclassavg", "params": params}, "data": {"local_test_ratio": 0.3}})
+
+
+def test_the_authors_setting_learns_on_heterogeneous_clients(tiny_job, tmp_path):
+    """Temperature 100 on unnormalised pre-activation features (the loss x 1429) with the warm-up: the
+    clients beat always answering their own majority class by a margin after 3 rounds."""
+    arrays = _run(tiny_job("fedclassavg", rounds=3), tmp_path, *HETEROGENEOUS, "model.params.preactivation=true",
+                  'train.optimizer="adam"', "train.lr=0.003", "train.betas=[0.5, 0.999]",
+                  "algorithm.params.temperature=100.0", "algorithm.params.normalize=false",
+                  "algorithm.params.warmup_epochs=1")
+    counts = arrays["partition"]
+    majority = float(np.mean(counts.max(1) / counts.sum(1)))           # about 0.32 on this split
+    assert arrays["round/personal_acc_mean"][-1] > majority + 0.15, (arrays["round/personal_acc_mean"], majority)

@@ -1,11 +1,14 @@
-"""FedKA: class categories, knowledge-anchor construction and its loss against direct computations,
-the shared set, and the forgetting degree (eq. 1) in the result file."""
+"""FedKA: class categories, knowledge-anchor construction and its loss (both reductions) against
+direct computations, BatchNorm statistics in the anchor pass, the preset's seed, the shared set, and
+the forgetting degree (eq. 1) in the result file, NaN for a client dropped as non-finite."""
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from algorithms.helpers import client
+from hpcfl.algorithms import ALGORITHMS, algorithm_params
+from hpcfl.algorithms.base import Algorithm, Setup
 from hpcfl.config import job_from_dict
 from hpcfl.data.partition import shared_set
 from hpcfl.errors import ConfigError
@@ -55,20 +58,75 @@ def test_anchor_is_down_sampled_to_size():
     assert len(y) == 2 and set(y.tolist()) <= {1, 2, 3}
 
 
-def test_knowledge_anchor_loss_drops_dominant_logits_and_divides_by_the_anchor_size():
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_knowledge_anchor_loss_drops_dominant_logits_and_reduces_as_configured(reduction):
     model = nn.Linear(2, 5, bias=False)
     with torch.no_grad():
         model.weight.copy_(torch.arange(10, dtype=torch.float32).view(5, 2) / 10)
     received = {k: v + 0.5 for k, v in model.state_dict().items()}       # the round's global model
-    term = KnowledgeAnchor(KnowledgeAnchor.Params(weight=0.3, gamma=0.1))
-    me = _client()
-    term.start(model, me, 1, {"model": received})
-    x = term.x
-    teacher = x @ received["weight"].T
-    local = model(x)
-    keep = [1, 2, 3]                                                  # the non-dominant and missing classes
-    expected = 0.3 * ((teacher[:, keep] - local[:, keep]) ** 2).sum() / len(x)
+    term = KnowledgeAnchor(KnowledgeAnchor.Params(weight=0.3, gamma=0.1, reduction=reduction))
+    term.start(model, _client(), 1, {"model": received})
+    # every logit of the global model is the local one + 0.5 * (x_1 + x_2) = + x_1 (both columns of x hold x_1)
+    kept = 3                                                          # the non-dominant and missing classes 1, 2, 3
+    squares = (term.x[:, 0] ** 2).sum() * kept                        # summed over T and the kept logits
+    expected = 0.3 * squares / len(term.x) / (kept if reduction == "mean" else 1)
     assert term.loss(model, None, None, None, None).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_knowledge_anchor_defaults_to_the_element_wise_mean():
+    assert KnowledgeAnchor.Params().reduction == "mean" and KnowledgeAnchor.Params().weight == 0.1
+
+
+class BatchNormNet(nn.Module):
+    """features = ReLU(BN(Linear(2 -> 4))), classifier 4 -> 5."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.ReLU())
+        self.classifier = nn.Linear(4, 5)
+
+    def features(self, x):
+        return self.body(x)
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def test_the_anchor_pass_leaves_batchnorm_statistics_alone():
+    torch.manual_seed(0)
+    model = BatchNormNet()
+    model.train()
+    model(torch.randn(16, 2))                                         # running statistics away from their init
+    received = {k: v.clone() for k, v in model.state_dict().items()}
+    term = KnowledgeAnchor(KnowledgeAnchor.Params(gamma=0.1, size=1))    # T of one sample: BatchNorm1d in training
+    me = _client()                                                    # mode would refuse it
+    term.start(model, me, 0, {"model": received})
+    assert len(term.x) == 1
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loss = term.loss(model, None, None, None, None)
+    assert loss.item() == 0.0                                          # the round's start: local = global on T
+    assert model.training and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        model.classifier.bias.add_(1.0)
+    loss = term.loss(model, None, None, None, None)
+    assert loss.item() == pytest.approx(0.1 * 1.0)                     # every kept logit moved by 1: mean 1
+    loss.backward()
+    assert model.body[1].weight.grad.abs().sum() > 0                   # gradients reach the BatchNorm layer
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items() if "running" in k or "batches" in k)
+
+
+def test_the_fedka_preset_draws_its_anchors_from_the_run_seed():
+    anchors = {}
+    settings = {"gamma": 0.1, "size": 2}
+    for name, params, tables in (("fedka", settings, {}), ("fedavg", {}, {"ka": settings})):
+        job = job_from_dict({"algorithm": {"name": name, "params": params, "regularizers": tables}, "run": {"seed": 5},
+                             "data": {"num_clients": 2}, "train": {"clients_per_round": 2}})
+        algo = ALGORITHMS[name](algorithm_params(name, params),
+                                Setup.of(job, nn.Linear(2, 5), np.ones((2, 5), dtype=np.int64)))
+        term = next(t for t in algo.regularizers if isinstance(t, KnowledgeAnchor))
+        assert term.seed == 5
+        anchors[name] = term.anchor(_client(), round=0)[1].tolist()
+    assert anchors["fedka"] == anchors["fedavg"]
 
 
 def test_shared_set_has_one_seeded_sample_per_class():
@@ -95,3 +153,26 @@ def test_forgetting_needs_a_global_model():
     with pytest.raises(ConfigError, match="eval.forgetting"):
         job_from_dict({"algorithm": {"name": "local_only"}, "data": {"local_test_ratio": 0.3},
                        "eval": {"forgetting": True}})
+
+
+def test_a_dropped_client_has_no_forgetting_degree(tiny_job, tmp_path, monkeypatch):
+    update = Algorithm.update_client
+
+    def nan_inputs(self, phase, round, client, *args):              # client 1 trains on NaN in round 1 (0-based)
+        if round == 1 and client.id == 1:
+            x, client.x = client.x, torch.full_like(client.x, float("nan"))
+            try:
+                return update(self, phase, round, client, *args)
+            finally:
+                client.x = x
+        return update(self, phase, round, client, *args)
+
+    monkeypatch.setattr(Algorithm, "update_client", nan_inputs)
+    assert main([str(tiny_job("fedka", rounds=2)), "--results-root", str(tmp_path), "--set", "run.name='ka'",
+                 "--set", "eval.forgetting=true", "--set", "train.clients_per_round=6",
+                 "--set", "train.on_nonfinite='drop'"]) == 0
+    arrays = read_run(tmp_path / "test" / "ka.h5").arrays
+    assert np.nansum(arrays["client/nonfinite"]) == 1 and arrays["client/nonfinite"][1, 1] == 1
+    forgetting, local = arrays["client_class/forgetting"], arrays["client_class/test_acc"]
+    assert np.isnan(forgetting[1, 1]).all() and np.isnan(local[1, 1]).all()       # not ~1: its model was not tested
+    assert np.isfinite(np.delete(forgetting[1], 1, axis=0)).all() and np.isfinite(forgetting[0]).all()

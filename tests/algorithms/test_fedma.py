@@ -1,7 +1,9 @@
 """FedMA through its own hooks, in the order the runtime calls them: a network matched against a copy
 of itself with permuted hidden units comes back whole (conv, FC and LSTM), the last layer is the
-class-weighted average, and on real data one-shot matching beats coordinate-wise averaging of the same
-independently initialised local models."""
+class-weighted average and is retrained alone at lr/10 for 3x the epochs, on real data one-shot
+matching beats coordinate-wise averaging of the same independently initialised local models, the
+baselines of its comparison start from the same independent initialisations, and gamma's prior alone
+sets the global widths as the module docstring says."""
 import copy
 import json
 from pathlib import Path
@@ -11,8 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from algorithms.helpers import StepTrainer, client, make
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import MATCHED, Client, Setup
+from hpcfl.bbp_map import Prior, match_neurons
 from hpcfl.config import TrainConfig, job_from_dict
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.leaf import SHAKESPEARE_VOCAB
@@ -37,8 +41,9 @@ def _client(cid, state, counts):
     return client
 
 
-def _match_all(algorithm, clients, template, round=0, trainer=None):
-    """Every matching phase of a round, as the runtime runs it; returns the server state and replies."""
+def _match_all(algorithm, clients, template, round=0, trainer=None, metrics=None):
+    """Every matching phase of a round, as the runtime runs it; returns the server state and replies
+    (and puts the clients' metrics of each phase in `metrics`, if given)."""
     server_state, replies = algorithm.init_server_state(template), {}
     for phase in algorithm.plan(round)[1:]:
         gathered = {c.id: algorithm.gather_out(phase, round, c).double() for c in clients}
@@ -46,7 +51,9 @@ def _match_all(algorithm, clients, template, round=0, trainer=None):
         algorithm.receive(phase, round, {MATCHED: {"global": shared}})
         for c in clients:
             received = {MATCHED: {"global": shared, "reply": replies[phase.name][c.id]}}
-            algorithm.client_update(phase, round, c, received, algorithm.client_model(c, template), trainer)
+            _, out = algorithm.client_update(phase, round, c, received, algorithm.client_model(c, template), trainer)
+            if metrics is not None:
+                metrics.setdefault(phase.name, []).append(out)
     return server_state, replies
 
 
@@ -163,3 +170,103 @@ def test_the_shakespeare_job_matches_lstms_of_speaking_roles(tmp_path):
     assert (arrays["round/width/lstm"] >= 256).all() and (arrays["round/width/encoder"] >= 8).all()
     assert (arrays["round/growth_rate"] >= 1.0).all() and (arrays["round/bytes_up/match_lstm"] > 0).all()
     assert np.isfinite(arrays["round/test_loss"]).all()
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.classifier = nn.Linear(4, 6), nn.Linear(6, 5), nn.Linear(5, 3)
+
+    def features(self, x):
+        return torch.relu(self.fc2(torch.relu(self.fc1(x))))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class LrTrainer(LocalTrainer):
+    """The real trainer, noting the learning rate of every optimiser it makes."""
+
+    def __init__(self, cfg, seed):
+        super().__init__(cfg, seed)
+        self.lrs = []
+
+    def optimizer(self, params):
+        opt = super().optimizer(params)
+        self.lrs.append(opt.param_groups[0]["lr"])
+        return opt
+
+
+@pytest.mark.parametrize("params, last_lr, last_steps", [({}, 0.005, 24),             # the authors': lr/10, 3x
+                                                         ({"last_lr_scale": 0.5, "last_epochs_scale": 2}, 0.025, 16),
+                                                         ({"last_lr_scale": 1.0, "last_epochs_scale": 1}, 0.05, 8)])
+def test_the_last_layer_is_retrained_alone_at_a_tenth_of_the_lr_for_three_times_the_epochs(params, last_lr, last_steps):
+    torch.manual_seed(0)
+    net, counts = MLP(), np.array([[10, 5, 5], [4, 8, 8]])
+    algorithm = _fedma(net, counts, retrain_epochs=2, **params)
+    trainer = LrTrainer(TrainConfig(local_epochs=1, batch_size=5, lr=0.05, momentum=0.9, weight_decay=1e-4), seed=0)
+    gen, clients = torch.Generator().manual_seed(1), []
+    for cid in range(2):                     # 20 samples, batches of 5: 4 steps an epoch
+        y = torch.repeat_interleave(torch.arange(3), torch.as_tensor(counts[cid]))
+        client = Client(cid, torch.randn(20, 4, generator=gen), y, counts[cid])
+        client.state = algorithm.init_client_state(client, net)
+        _, trained = algorithm.client_update(algorithm.plan(0)[0], 0, client, {}, algorithm.client_model(client, net),
+                                             trainer)
+        assert trained["steps"] == 4
+        clients.append(client)
+    before = {k: v.clone() for k, v in clients[0].state.items()}
+    metrics = {}
+    _match_all(algorithm, clients, net, trainer=trainer, metrics=metrics)
+    assert [m["steps"] for m in metrics["match_fc1"]] == [8, 8]                 # fc2 and classifier: 2 epochs
+    assert [m["steps"] for m in metrics["match_fc2"]] == [last_steps] * 2       # the classifier alone
+    assert metrics["match_classifier"] == [{}, {}]
+    assert trainer.lrs == pytest.approx([0.05] * 4 + [last_lr] * 2)
+    assert not torch.equal(clients[0].state["model.classifier.weight"], before["model.classifier.weight"])
+
+
+def test_retraining_parameters_are_checked():
+    with pytest.raises(ConfigError, match="last_lr_scale = 0.0 must be > 0"):
+        algorithm_params("fedma", {"last_lr_scale": 0.0})
+    with pytest.raises(ConfigError, match="last_epochs_scale = 0 >= 1"):
+        algorithm_params("fedma", {"last_epochs_scale": 0})
+
+
+@pytest.mark.parametrize("J, gamma, each", [(16, 7.0, 1), (10, 7.0, 2), (16, 20.0, 4), (8, 3.0, 0)])
+def test_with_the_prior_alone_every_client_after_the_first_opens_f_new_neurons(J, gamma, each):
+    """The module docstring's f = #{k >= 1 : k < gamma / J * sqrt(J - 1)}: 7/16 * 3.87 = 1.69, 7/10 * 3
+    = 2.1, 20/16 * 3.87 = 4.84, 3/8 * 2.65 = 0.99."""
+    neurons = [np.zeros((20, 3)) for _ in range(J)]         # zero weights, zero bias prior: no data term
+    means, _ = match_neurons(neurons, np.zeros(3, dtype=bool), Prior(gamma=gamma, bias_mean=0.0),
+                             np.random.default_rng(0))
+    assert means.shape[0] == 20 + (J - 1) * each
+
+
+@pytest.mark.parametrize("name, params, train", [("fedavg", {}, {"clients_per_round": 1}),
+                                                 ("fedprox", {"mu": 0.1}, {"clients_per_round": 1}),
+                                                 ("local_only", {}, {"clients_per_round": 1}),
+                                                 ("ensemble", {}, {"clients_per_round": 4})])
+def test_fedmas_baselines_start_each_client_from_its_fedma_initialisation(name, params, train):
+    """init = "independent" (Appendix A): FedAvg, FedProx and the ensemble's local models start where
+    FedMA's clients do, drawn from (run.seed, "init", client); "shared": from the run's initial model."""
+    torch.manual_seed(0)
+    net = MLP()
+    shared = {k: v.clone() for k, v in net.state_dict().items()}
+    fedma = make("fedma", net, {}, train={"clients_per_round": 4}, run={"seed": 5})
+    fedmas = [{k[len("model."):]: v for k, v in fedma.init_client_state(client(cid), net).items()} for cid in (0, 1)]
+    starts = {}
+    for init in ("independent", "shared"):
+        algo = make(name, net, {**params, "init": init}, train=train, run={"seed": 5})
+        for cid in (0, 1):
+            me = client(cid)
+            me.state = algo.init_client_state(me, net)
+            if name in ("fedavg", "fedprox"):
+                update, _ = algo.client_update(algo.plan(0)[0], 0, me, {"model": shared}, net, StepTrainer())
+                tensors = update["model"][0]
+            else:
+                tensors = algo.own_model(me)
+            starts[init, cid] = {k: tensors[k].clone() for k in shared}
+    for cid in (0, 1):
+        assert all(torch.equal(starts["independent", cid][k], fedmas[cid][k]) for k in shared)
+        assert all(torch.equal(starts["shared", cid][k], shared[k]) for k in shared)
+    assert not torch.equal(starts["independent", 0]["fc1.weight"], starts["independent", 1]["fc1.weight"])
+    assert not torch.equal(starts["independent", 0]["fc1.weight"], shared["fc1.weight"])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hpcfl.analysis import load, render, rounds_to_target, summary, tidy
-from hpcfl.analysis.tables import forgetting, time_and_bytes
+from hpcfl.analysis.paired import compare
+from hpcfl.analysis.tables import forgetting, statistic, time_and_bytes
 from hpcfl.analyze import main
 from hpcfl.metrics import Recorder
 
@@ -15,10 +16,12 @@ CURVES = {("fedavg", 0.1, 0): [0.2, 0.5, np.nan, 0.6], ("fedavg", 0.1, 1): [0.3,
           ("fedavg", 0.5, 0): [0.1, 0.2, np.nan, 0.3]}
 
 
-def _write(folder, algorithm, beta, seed, curve, status="completed"):
+def _write(folder, algorithm, beta, seed, curve, status="completed", val=None, **sections):
     config = {"run": {"seed": seed, "name": f"{algorithm}-{beta}-{seed}"}, "algorithm": {"name": algorithm},
               "data": {"partition": "dirichlet", "partition_params": {"beta": beta}}}
-    path = folder / f"{algorithm}-{beta}-{seed}.h5"
+    for section, values in sections.items():
+        config[section] = {**config.get(section, {}), **values}
+    path = folder / f"{algorithm}-{beta}-{seed}{''.join(f'-{k}={v}' for t in sections.values() for k, v in t.items())}.h5"
     with Recorder.create(path, {"config": config}) as recorder:
         recorder.write_array("partition", np.array([[5, 0, 1], [0, 3, 3]]))
         for round, value in enumerate(curve):
@@ -27,7 +30,8 @@ def _write(folder, algorithm, beta, seed, curve, status="completed"):
                 "round/personal_acc_mean": value + 0.1, "round/personal_acc_std": 0.01 * (seed + 1),
                 "client_class/forgetting": np.array([[0.2, np.nan], [0.4, 0.1 * seed]]),      # client x class
                 "round/phase_s/train": 2.0 + seed, "rank/compute_s": np.array([1.0, 3.0]), "rank/wait_s": np.array([0.5, 0.0]),
-                "round/bytes_down/model": 1e6, "round/bytes_up/model": 2e6})
+                "round/bytes_down/model": 1e6, "round/bytes_up/model": 2e6,
+                **({} if val is None else {"round/val_acc": val[round]})})
         if status:
             recorder.set_attr("status", status)
     return path
@@ -40,17 +44,38 @@ def folder(tmp_path):
     return tmp_path
 
 
-def test_final_and_best_are_aggregated_over_seeds_per_group(folder):
-    table = summary(load([folder]), ["algorithm.name", "data.partition_params.beta"])
+def test_final_and_last_k_are_aggregated_over_seeds_per_group(folder):
+    table = summary(load([folder]), ["algorithm.name", "data.partition_params.beta"], last=2)
     rows = {(r["algorithm.name"], r["data.partition_params.beta"]): r for r in table.to_dict("records")}
     fedavg = rows[("fedavg", 0.1)]
     assert fedavg["runs"] == 2
     assert fedavg["final_mean"] == pytest.approx(0.7) and fedavg["final_std"] == pytest.approx(0.1)   # 0.6, 0.8
-    assert fedavg["best_mean"] == pytest.approx(0.7)
+    # last 2 evaluations (round 3 is not evaluated): (0.5 + 0.6) / 2 = 0.55 and (0.4 + 0.8) / 2 = 0.6
+    assert fedavg["last2_mean"] == pytest.approx(0.575) and fedavg["last2_std"] == pytest.approx(0.025)
     fedprox = rows[("fedprox", 0.1)]
-    assert fedprox["final_mean"] == pytest.approx(0.8) and fedprox["best_mean"] == pytest.approx(0.9)  # best 0.9, 0.9
-    assert fedprox["best_std"] == pytest.approx(0.0)
+    assert fedprox["final_mean"] == pytest.approx(0.8) and fedprox["last2_mean"] == pytest.approx(0.8)  # 0.8, 0.8
+    assert fedprox["last2_std"] == pytest.approx(0.0)
     assert rows[("fedavg", 0.5)]["runs"] == 1 and rows[("fedavg", 0.5)]["final_mean"] == pytest.approx(0.3)
+    assert not any(c.startswith(("best", "max")) for c in table.columns)    # no column selects on test accuracy
+    assert "last10_mean" in summary(load([folder]), ["algorithm.name"]).columns
+
+
+def test_the_test_accuracy_is_taken_at_the_best_validation_round(tmp_path):
+    # round:            0    1    2       3
+    test, val = [0.50, 0.70, np.nan, 0.90], [0.60, 0.80, np.nan, 0.75]   # best val: round 1 -> test 0.70
+    _write(tmp_path, "fedavg", 0.1, 0, test, val=val)
+    _write(tmp_path, "fedavg", 0.1, 1, [0.4, 0.6, 0.2, 0.5], val=[0.3, 0.7, 0.9, 0.7])   # round 2 -> 0.2
+    table = summary(load([tmp_path], metrics=("round/test_acc", "round/val_acc")), ["algorithm.name"])
+    row = table.iloc[0]
+    assert row["best_val_mean"] == pytest.approx(0.45) and row["best_val_std"] == pytest.approx(0.25)
+    assert row["final_mean"] == pytest.approx(0.7)
+    tie = {"round/test_acc": np.array([0.1, 0.2, 0.3]), "round/val_acc": np.array([0.5, 0.5, 0.4])}
+    assert statistic(tie, "best_val", "round/test_acc") == pytest.approx(0.1)     # the first of tied rounds
+    assert np.isnan(statistic({"round/test_acc": np.array([0.5])}, "best_val", "round/test_acc"))
+    with pytest.raises(ValueError, match="target"):
+        statistic(tie, "rounds", "round/test_acc")
+    with pytest.raises(ValueError, match="statistic 'best'"):
+        statistic(tie, "best", "round/test_acc")
 
 
 def test_rounds_to_target_and_speedup_over_a_baseline(folder):
@@ -74,7 +99,9 @@ def test_tidy_has_one_row_per_run_round_metric(folder):
 
 def test_renderings_carry_the_numbers(folder):
     table = summary(load([folder]), ["algorithm.name"])
-    assert "| fedprox | 2 | 0.8000 ± 0.1000 | 0.9000 ± 0.0000 |" in render(table, "md")
+    md = render(table, "md").splitlines()         # fedprox last 10: (0.5+0.9+0.7)/3, (0.6+0.7+0.9)/3
+    assert md[:2] == ["| algorithm.name | runs | final | last10 |", "|---|---|---|---|"]
+    assert md[3] == "| fedprox | 2 | 0.8000 ± 0.1000 | 0.7167 ± 0.0167 |"
     assert r"fedprox & 2 & 0.8000 $\pm$ 0.1000" in render(table, "latex")
     assert "fedprox,2,0.8" in render(table, "csv").replace("0.8000000000000000", "0.8")
 
@@ -131,3 +158,152 @@ def test_curves_and_the_partition_heat_map_are_drawn(folder, tmp_path, x):
     heat = tmp_path / "partition.svg"
     assert main(["partition", str(folder / "fedavg-0.1-0.h5"), "--out", str(heat)]) == 0
     assert b"<svg" in heat.read_bytes()[:500]
+
+
+def _arms(folder, arms: dict, **sections):
+    """One run per (arm, seed): `arms` maps algorithm -> its final accuracy per seed."""
+    for algorithm, finals in arms.items():
+        for seed, final in enumerate(finals):
+            _write(folder, algorithm, 0.1, seed, [0.1, final], **sections)
+
+
+def test_compare_pairs_seeds_and_gives_the_t_interval_and_a_verdict(tmp_path):
+    _arms(tmp_path, {"fedavg": [0.50, 0.60, 0.55, 0.70, 0.65],
+                     "fedprox": [0.52, 0.63, 0.56, 0.72, 0.68],      # +0.02 +0.03 +0.01 +0.02 +0.03
+                     "scaffold": [0.45, 0.56, 0.50, 0.66, 0.61],     # -0.05 -0.04 -0.05 -0.04 -0.04
+                     "moon": [0.55, 0.55, 0.60, 0.65, 0.70]})        # +0.05 -0.05 +0.05 -0.05 +0.05
+    table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    rows = {r["algorithm.name"]: r for r in table.to_dict("records")}
+    assert set(rows) == {"fedprox", "scaffold", "moon"} and unpaired == []
+    fedprox = rows["fedprox"]
+    # differences 0.02 0.03 0.01 0.02 0.03: mean 0.022, sample std 0.008367, t(0.975, 4) = 2.776445
+    half = 2.776445 * 0.0083666 / np.sqrt(5)
+    assert fedprox["n"] == 5 and fedprox["effect_mean"] == pytest.approx(0.022)
+    assert fedprox["effect_std"] == pytest.approx(0.0083666, rel=1e-4)
+    assert fedprox["ci95_low"] == pytest.approx(0.022 - half, rel=1e-4)
+    assert fedprox["ci95_high"] == pytest.approx(0.022 + half, rel=1e-4)
+    assert fedprox["verdict"] == "better" and rows["scaffold"]["verdict"] == "worse"
+    assert rows["moon"]["verdict"] == "inconclusive" and rows["moon"]["effect_mean"] == pytest.approx(0.01)
+    # unpaired, the same fedprox numbers could not be told from fedavg: pairing is what resolves them
+    assert np.std([0.50, 0.60, 0.55, 0.70, 0.65], ddof=1) > 5 * fedprox["effect_std"]
+
+
+def test_compare_pairs_only_runs_of_the_same_split_and_ignores_keys_that_cannot_change_results(tmp_path):
+    _arms(tmp_path, {"fedavg": [0.5, 0.6]}, run={"checkpoint_every": 5})
+    _arms(tmp_path, {"fedprox": [0.6, 0.8]}, run={"checkpoint_every": 1, "round_timeout_s": 60.0})
+    _write(tmp_path, "fedprox", 0.1, 2, [0.1, 0.9])                             # no fedavg of seed 2
+    _write(tmp_path, "fedprox", 0.1, 0, [0.1, 0.1], data={"seed": 7})           # seed 0, another split
+    table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    assert len(table) == 1 and table.iloc[0]["n"] == 2 and table.iloc[0]["effect_mean"] == pytest.approx(0.15)
+    assert [p.rsplit("/", 1)[1] for p in unpaired] == ["fedprox-0.1-0-seed=7.h5", "fedprox-0.1-2.h5"]
+    _write(tmp_path, "fedavg", 0.1, 1, [0.1, 0.9], data={"seed": 1})            # data.seed 1 = run.seed 1: a twin
+    with pytest.raises(ValueError, match="share every compared key and seed"):
+        compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+
+
+def test_default_grouping_ignores_keys_that_cannot_change_results(tmp_path, capsys):
+    _arms(tmp_path, {"fedavg": [0.5, 0.6]}, run={"checkpoint_every": 5, "threads": 2})
+    _arms(tmp_path, {"fedprox": [0.6, 0.8]}, run={"checkpoint_every": 1, "device": "cuda"}, data={"seed": 3})
+    assert main(["table", str(tmp_path), "--format", "csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("algorithm.name,runs,") and len(out) == 3
+
+
+def test_compare_speedup_to_a_target_and_the_renderings(tmp_path, capsys):
+    for seed, (base, arm) in enumerate([([0.2, 0.4, 0.6, 0.8], [0.4, 0.8, 0.8, 0.8]),     # 4 vs 2 rounds: 2x
+                                        ([0.2, 0.3, 0.8, 0.8], [0.8, 0.8, 0.8, 0.8]),     # 3 vs 1: 3x
+                                        ([0.8, 0.8, 0.8, 0.8], [0.2, 0.8, 0.8, 0.8])]):   # 1 vs 2: 0.5x
+        _write(tmp_path, "fedavg", 0.1, seed, base)
+        _write(tmp_path, "fedka", 0.1, seed, arm)
+    table, _ = compare(load([tmp_path]), {"algorithm.name": "fedavg"}, stat="rounds", target=0.75)
+    assert table.iloc[0]["effect_mean"] == pytest.approx(11 / 6) and table.iloc[0]["verdict"] == "inconclusive"
+    args = ["compare", str(tmp_path), "--baseline", "algorithm.name=fedavg", "--stat", "rounds", "--target", "0.75"]
+    assert main(args + ["--format", "md"]) == 0
+    md = capsys.readouterr().out.splitlines()
+    assert md[0] == "| algorithm.name | n | effect | ci95_low | ci95_high | verdict |"
+    assert md[2].startswith("| fedka | 3 | 1.8333 ± ")
+    assert main(args + ["--format", "latex"]) == 0
+    assert r"algorithm.name & n & effect & ci95\_low" in capsys.readouterr().out
+    assert main(args + ["--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "algorithm.name,n,effect_mean,effect_std,ci95_low,ci95_high,verdict"
+    assert main(["compare", str(tmp_path), "--baseline", "fedavg"]) == 2
+    assert "not KEY=VALUE" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path), "--baseline", "algorithm.name=scaffold"]) == 2
+    assert "no run has algorithm.name = scaffold" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path), "--baseline", "algorithm.name=fedavg", "--stat", "rounds"]) == 2
+
+
+def test_a_run_without_a_grouping_key_keeps_a_group_of_its_own_and_groups_come_sorted(tmp_path):
+    _write(tmp_path, "a", 0.9, 0, [0.3, 0.4])
+    _write(tmp_path, "b", 0.1, 0, [0.5, 0.6])
+    _write(tmp_path, "c", 0.1, 0, [0.7, 0.8], data={"min_samples": 5})     # the only run with the key
+    table = summary(load([tmp_path]), ["data.partition_params.beta", "data.min_samples"])
+    assert list(table["data.partition_params.beta"]) == [0.1, 0.1, 0.9]     # sorted, not in file order
+    assert table["runs"].sum() == 3 and table["data.min_samples"].isna().sum() == 2
+    eleven = {"round/test_acc": np.arange(11.0)}
+    assert statistic(eleven, "last", "round/test_acc") == pytest.approx(np.mean(np.arange(1.0, 11.0)))   # k = 10
+
+
+def test_only_mean_std_pairs_merge_in_rendering_and_an_unknown_format_is_refused():
+    import pandas as pd
+
+    table = pd.DataFrame({"a_mean": [0.5], "a_std": [0.1], "b_mean": [0.25], "c_std": [0.125]})
+    assert render(table, "md").splitlines()[0] == "| a | b_mean | c_std |"
+    assert render(table, "md").splitlines()[2] == "| 0.5000 ± 0.1000 | 0.2500 | 0.1250 |"
+    with pytest.raises(ValueError, match="format 'html'"):
+        render(table, "html")
+
+
+def test_paired_intervals_and_verdicts_at_their_boundaries(tmp_path):
+    from hpcfl.analysis.paired import interval, verdict
+
+    assert np.isnan(interval(np.array([0.3]))[2]) and interval(np.array([0.3]))[0] == pytest.approx(0.3)
+    mean, std, low, high = interval(np.array([0.1, 0.3]))            # n = 2: t(0.975, 1) = 12.7062
+    assert (mean, std) == (pytest.approx(0.2), pytest.approx(np.sqrt(0.02)))
+    assert low == pytest.approx(0.2 - 12.7062 * 0.1, rel=1e-4) and high == pytest.approx(0.2 + 12.7062 * 0.1, rel=1e-4)
+    assert verdict(0.0, 1.0, 0.0, True) == "inconclusive" and verdict(-1.0, 0.0, 0.0, True) == "inconclusive"
+    assert verdict(0.1, 1.0, 0.0, True) == "better" and verdict(0.1, 1.0, 0.0, False) == "worse"
+    assert verdict(-1.0, -0.1, 0.0, True) == "worse" and verdict(np.nan, np.nan, 0.0, True) == "inconclusive"
+    _arms(tmp_path, {"fedavg": [0.5], "fedprox": [0.6]})
+    table, _ = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    assert table.iloc[0]["n"] == 1 and table.iloc[0]["verdict"] == "inconclusive"
+
+
+def test_compare_reads_old_files_a_loss_the_right_way_and_names_runs_without_partner(tmp_path):
+    for seed in range(3):                      # the last-10 mean, and train_loss = 1 - value: lower is better
+        _write(tmp_path, "fedavg", 0.1, seed, [0.1] + [0.5 + 0.01 * seed] * 11, data={"seed": -1})   # newer files
+        _write(tmp_path, "fedprox", 0.1, seed, [0.9] + [0.6 + 0.01 * seed] * 10 + [0.7 + 0.01 * seed])  # no data.seed
+    _write(tmp_path, "fedavg", 0.1, 7, [0.1, 0.2])                               # no fedprox of seed 7
+    _write(tmp_path, "fedprox", 0.1, 1, [0.1, 0.2], data={"seed": 9}, run={"threads": 2})    # another split
+    results = load([tmp_path], metrics=("round/test_acc", "round/train_loss"))
+    table, unpaired = compare(results, {"algorithm.name": "fedavg"}, stat="last")
+    assert table.iloc[0]["n"] == 3 and table.iloc[0]["effect_mean"] == pytest.approx(0.11)   # (9 x 0.1 + 0.2) / 10
+    assert [p.rsplit("/", 1)[1] for p in unpaired] == ["fedavg-0.1-7.h5", "fedprox-0.1-1-seed=9-threads=2.h5"]
+    loss, _ = compare(results, {"algorithm.name": "fedavg"}, stat="final", metric="round/train_loss")
+    assert loss.iloc[0]["effect_mean"] == pytest.approx(-0.2) and loss.iloc[0]["verdict"] == "better"
+    with pytest.raises(ValueError, match="one KEY=VALUE"):
+        compare(results, {"algorithm.name": "fedavg", "run.seed": 0})
+    with pytest.raises(ValueError, match="'no.key' is not a config key"):
+        compare(results, {"no.key": "x"})
+    with pytest.raises(ValueError, match="falling loss"):
+        compare(results, {"algorithm.name": "fedavg"}, stat="rounds", metric="round/train_loss", target=0.5)
+
+
+def test_a_consistent_speedup_is_better_than_no_effect_at_one(tmp_path):
+    for seed, (base, arm) in enumerate([([0.2, 0.4, 0.6, 0.8], [0.4, 0.8, 0.8, 0.8]),      # 4 / 2
+                                        ([0.2, 0.3, 0.7, 0.8], [0.2, 0.8, 0.8, 0.8]),      # 4 / 2
+                                        ([0.2, 0.3, 0.8, 0.8], [0.2, 0.8, 0.8, 0.8])]):    # 3 / 2
+        _write(tmp_path, "fedavg", 0.1, seed, base)
+        _write(tmp_path, "fedka", 0.1, seed, arm)
+    table, _ = compare(load([tmp_path]), {"algorithm.name": "fedavg"}, stat="rounds", target=0.75)
+    row = table.iloc[0]
+    assert row["effect_mean"] == pytest.approx(11 / 6) and 1.0 < row["ci95_low"] < 2.0 < row["ci95_high"]
+    assert row["verdict"] == "better"
+
+
+def test_compare_keeps_runs_whose_grouping_key_is_missing(tmp_path):
+    _arms(tmp_path, {"fedavg": [0.5, 0.6], "fedprox": [0.6, 0.8]})                  # no data.min_samples
+    _arms(tmp_path, {"fedavg": [0.5, 0.6], "fedprox": [0.4, 0.4]}, data={"min_samples": 5})
+    table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    assert unpaired == [] and list(table["n"]) == [2, 2]
+    assert sorted(table["effect_mean"]) == [pytest.approx(-0.15), pytest.approx(0.15)]

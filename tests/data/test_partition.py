@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcfl.data.partition import SCHEMES, count_matrix, local_test_sets, partition, validation_split
+from hpcfl.data.partition import (SCHEMES, check_params, count_matrix, local_test_sets, partition, shared_set,
+                                  validation_split)
 from hpcfl.errors import ConfigError, DataError
 
 # Balanced labels like Fashion-MNIST's training set, in a fixed shuffled order.
@@ -55,13 +56,19 @@ def test_small_beta_is_more_skewed_than_large_beta():
 
 
 def test_impossible_client_count_raises_data_error():
-    with pytest.raises(DataError, match="fewer clients"):
+    # Refused before any scheme runs; exactly enough (50 x 10 = 500) is accepted.
+    with pytest.raises(DataError, match=r"1000 clients x data\.min_samples=10 needs 10000 samples.*fewer clients"):
         partition(LABELS[:500], 1000, "iid", {}, seed=0)
+    with pytest.raises(DataError, match=r"51 clients x data\.min_samples=10 needs 510 samples"):
+        partition(LABELS[:500], 51, "iid", {}, seed=0)
+    assert [len(p) for p in partition(LABELS[:500], 50, "iid", {}, seed=0)] == [10] * 50
+    with pytest.raises(ConfigError, match="num_clients = 0"):
+        partition(LABELS[:500], 0, "iid", {}, seed=0)
 
 
 def test_dirichlet_gives_up_after_redraws_with_the_fix():
     # Feasible on paper (exactly 10 each) but no skewed draw ever gives all 200 clients 10 samples.
-    with pytest.raises(DataError, match="beta") as err:
+    with pytest.raises(DataError, match="beta=0.05 .* in all 1000 draws") as err:
         partition(LABELS[:2000], 200, "dirichlet", {"beta": 0.05}, seed=0, min_samples=10)
     assert "data.min_samples" in str(err.value)
 
@@ -181,6 +188,7 @@ def test_classes_per_client_holds_exactly_k_classes_split_evenly(num_clients, k)
     assert holders.max() - holders.min() <= 1  # classes used as evenly as possible
     if num_clients * k >= 10:
         assert holders.min() >= 1 and m.sum() == len(LABELS)
+    assert np.all(m.sum(axis=0)[holders > 0] == 6000)  # a held class is dealt in full, even to a lone holder
     for col in m.T:  # each class split evenly among the clients holding it
         shares = col[col > 0]
         assert shares.size == 0 or shares.max() - shares.min() <= 1
@@ -214,11 +222,12 @@ def test_dominant_raises_naming_the_class_that_runs_out():
         partition(labels, 10, "dominant", {"n_dominant": 23, "n_other": 3}, seed=0, min_samples=1)
 
 
-@pytest.mark.parametrize("num_clients,x", [(10, 1), (20, 3), (7, 5), (10, 7), (5, 0)])
+@pytest.mark.parametrize("num_clients,x", [(10, 1), (20, 3), (7, 5), (10, 7), (5, 0), (5, 8)])
 def test_missing_lacks_exactly_x_classes(num_clients, x):
     parts = partition(LABELS, num_clients, "missing", {"x": x}, seed=2)
     m = count_matrix(LABELS, parts, 10)
     assert np.all((m == 0).sum(axis=1) == x)
+    assert np.all(m.sum(axis=0) == 6000)  # (5, 8): each class on exactly one client, which gets all of it
     missed_by = (m == 0).sum(axis=0)
     assert missed_by.max() - missed_by.min() <= 1  # missing classes spread evenly over the classes
     assert m.sum() == len(LABELS)
@@ -239,10 +248,20 @@ def test_quantity_skew_sizes_vary_labels_stay_iid():
 def test_quantity_skew_sigma_zero_is_equal_sizes():
     sizes = [len(p) for p in partition(LABELS, 7, "quantity_skew", {"sigma": 0}, seed=0)]
     assert max(sizes) - min(sizes) <= 1
+    # Exactly min_samples each is enough: the first draw is kept, and no client is refused.
+    assert [len(p) for p in partition(LABELS[:700], 7, "quantity_skew", {"sigma": 0}, seed=0, min_samples=100)] \
+        == [100] * 7
+
+
+def test_quantity_skew_huge_sigma_does_not_overflow():
+    # exp(1000 z) overflows; scaled by the largest z (client 0's, 2.32, in the first draw at seed 0), client 0
+    # gets everything, with no NaN size and no redraw.
+    parts = partition(LABELS[:300], 5, "quantity_skew", {"sigma": 1000.0}, seed=0, min_samples=0)
+    assert [len(p) for p in parts] == [300, 0, 0, 0, 0]
 
 
 def test_quantity_skew_gives_up_after_redraws_with_the_fix():
-    with pytest.raises(DataError, match=r"data\.partition_params\.sigma.*data\.min_samples"):
+    with pytest.raises(DataError, match=r"in all 1000 draws.*data\.partition_params\.sigma.*data\.min_samples"):
         partition(LABELS[:2000], 100, "quantity_skew", {"sigma": 3.0}, seed=0, min_samples=20)
 
 
@@ -355,7 +374,241 @@ def test_natural_clients_are_whole_owners_drawn_among_the_large_enough():
     assert {next(iter(h)) for h in held} <= {4, 9, 11, 12}             # ...never the small one
     for part in parts:
         assert len(part) == np.count_nonzero(owners == owners[part[0]])  # ...with all its samples
+    # Owner 11 holds exactly 12 samples, so 4 owners are eligible: 4 clients take each of them once.
+    parts = partition(labels, 4, "natural", {"min_owner_samples": 12}, seed=0, min_samples=1, owners=owners)
+    assert [owners[p[0]] for p in parts] == [4, 9, 11, 12] and [len(p) for p in parts] == [30, 40, 12, 25]
+    with pytest.raises(DataError, match="needs 5 owners with >= 12 samples but the data has 4"):
+        partition(labels, 5, "natural", {"min_owner_samples": 12}, seed=0, min_samples=1, owners=owners)
     with pytest.raises(DataError, match="min_owner_samples"):
         partition(labels, 4, "natural", {"min_owner_samples": 26}, seed=0, min_samples=1, owners=owners)
     with pytest.raises(ConfigError, match="shakespeare"):
         partition(labels, 2, "natural", {}, seed=0, min_samples=1)
+
+
+def test_natural_never_picks_an_owner_twice():
+    owners = np.repeat(np.arange(8), 3)
+    parts = partition(np.zeros(24, dtype=np.int64), 8, "natural", {}, seed=0, min_samples=1, owners=owners)
+    assert sorted(int(owners[p[0]]) for p in parts) == list(range(8))
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(24))
+
+
+# ---- Every validation rule, both sides of each boundary (DOMINANT_LABELS: 10 classes x 50, 500 samples). ----
+
+@pytest.mark.parametrize("scheme,params,num_clients,key", [
+    ("dirichlet", {"beta": 0}, 10, "beta"),
+    ("dirichlet", {"beta": float("inf")}, 10, "beta"),
+    ("dirichlet", {"beta": float("nan")}, 10, "beta"),
+    ("dirichlet", {"beta": True}, 10, "beta"),
+    ("dirichlet_equal", {"beta": 0}, 10, "beta"),
+    ("dirichlet_equal", {"beta": 0.5, "size": -1}, 10, "size"),
+    ("dirichlet_equal", {"beta": 0.5, "size": 51}, 10, "size"),       # 510 > 500 samples
+    ("dirichlet_equal", {"beta": 0.5, "size": 5.0}, 10, "size"),
+    ("dirichlet_equal", {"size": 5}, 10, "beta"),
+    ("classes_per_client", {"k": 0}, 10, "k"),
+    ("classes_per_client", {"k": 11}, 10, "k"),
+    ("classes_per_client", {"k": True}, 10, "k"),
+    ("dominant", {"n_dominant": -1, "n_other": 1}, 10, "n_dominant"),
+    ("dominant", {"n_dominant": 1, "n_other": -1}, 10, "n_other"),
+    ("dominant", {"n_dominant": 1, "n_other": 1, "dominant_classes": 0}, 10, "dominant_classes"),
+    ("dominant", {"n_dominant": 1, "n_other": 1, "dominant_classes": 11}, 10, "dominant_classes"),
+    ("dominant", {"n_dominant": 2 ** 63, "n_other": 1}, 10, "n_dominant"),
+    ("dominant", {"n_dominant": 1, "n_other": -2 ** 63 - 1}, 10, "n_other"),
+    ("missing", {"x": -1}, 10, "x"),
+    ("missing", {"x": 10}, 10, "x"),
+    ("quantity_skew", {"beta": 0}, 10, "beta"),
+    ("quantity_skew", {"sigma": -1e-9}, 10, "sigma"),
+    ("quantity_skew", {"sigma": float("inf")}, 10, "sigma"),
+    ("quantity_skew", {}, 10, "beta"),
+    ("quantity_skew", {"beta": 1.0, "sigma": 0.0}, 10, "sigma"),
+    ("iid", {"k": 2}, 10, "k"),
+])
+def test_each_partition_rule_refuses_naming_the_key(scheme, params, num_clients, key):
+    with pytest.raises(ConfigError, match=rf"data\.partition_params\.{key}\b"):
+        partition(DOMINANT_LABELS, num_clients, scheme, params, seed=0, min_samples=1)
+
+
+def test_natural_min_owner_samples_rule():
+    owners = np.repeat(np.arange(4), 5)
+    with pytest.raises(ConfigError, match=r"data\.partition_params\.min_owner_samples = -1"):
+        partition(np.zeros(20), 2, "natural", {"min_owner_samples": -1}, seed=0, min_samples=1, owners=owners)
+    assert len(partition(np.zeros(20), 2, "natural", {"min_owner_samples": 0}, seed=0, min_samples=1,
+                         owners=owners)) == 2
+
+
+@pytest.mark.parametrize("scheme,params,num_clients", [
+    ("dirichlet", {"beta": 1e-9}, 1),                  # any beta > 0; one client takes everything
+    ("dirichlet_equal", {"beta": 1e-9}, 10),           # one-hot shares: classes run out, the rest fills up
+    ("dirichlet_equal", {"beta": 0.5, "size": 0}, 10),
+    ("dirichlet_equal", {"beta": 0.5, "size": 50}, 10),   # 50 x 10 == 500 samples
+    ("classes_per_client", {"k": 1}, 10),
+    ("classes_per_client", {"k": 10}, 10),
+    ("dominant", {"n_dominant": 0, "n_other": 1}, 10),
+    ("dominant", {"n_dominant": 5, "n_other": 0}, 10),
+    ("dominant", {"n_dominant": 5, "n_other": 0, "dominant_classes": 10}, 10),   # 10 x 5 == 50 per class
+    ("missing", {"x": 0}, 10),
+    ("missing", {"x": 9}, 10),
+    ("quantity_skew", {"beta": 1e-9}, 1),
+    ("quantity_skew", {"sigma": 0}, 10),
+])
+def test_each_partition_rule_accepts_its_boundary(scheme, params, num_clients):
+    parts = partition(DOMINANT_LABELS, num_clients, scheme, params, seed=0, min_samples=1)
+    assert len(parts) == num_clients and _disjoint_sorted(parts)
+    m = count_matrix(DOMINANT_LABELS, parts, 10)
+    if scheme == "dirichlet_equal":
+        assert [len(p) for p in parts] == [50] * 10
+    if scheme == "classes_per_client":
+        assert np.all((m > 0).sum(axis=1) == params["k"]) and m.sum() == 500
+    if scheme == "missing":
+        assert np.all((m == 0).sum(axis=1) == params["x"]) and m.sum() == 500
+    if scheme == "dominant":
+        d = params.get("dominant_classes", 1)
+        assert np.all(m.sum(axis=1) == d * params["n_dominant"] + (10 - d) * params["n_other"])
+
+
+def test_check_params_integer_settings_fit_int64():
+    ok = check_params("dominant", {"n_dominant": 2 ** 63 - 1, "n_other": -2 ** 63})
+    assert ok == {"n_dominant": 2 ** 63 - 1, "n_other": -2 ** 63}
+    for value in (2 ** 63, -2 ** 63 - 1, 2.0, True):
+        with pytest.raises(ConfigError, match=r"data\.partition_params\.n_other .*must be an integer"):
+            check_params("dominant", {"n_dominant": 1, "n_other": value})
+
+
+def test_dominant_huge_settings_are_a_data_error_not_an_overflow():
+    # 2**63 - 1 + 9 x 1 samples of class 0 would wrap an int64 sum to a negative number.
+    with pytest.raises(DataError, match=r"needs 9223372036854775816 samples of class 0"):
+        partition(DOMINANT_LABELS, 10, "dominant", {"n_dominant": 2 ** 63 - 1, "n_other": 1}, seed=0)
+
+
+def test_held_by_as_many_clients_as_samples_is_enough():
+    # Class 1 has 3 samples: 3 holders get one each, a 4th holder is refused.
+    labels = np.concatenate([np.zeros(100, dtype=np.int64), np.ones(3, dtype=np.int64)])
+    m = count_matrix(labels, partition(labels, 3, "classes_per_client", {"k": 2}, seed=0, min_samples=1), 2)
+    assert np.array_equal(m[:, 1], [1, 1, 1]) and m.sum() == 103
+    with pytest.raises(DataError, match=r"class 1 has 3 samples but data\.partition_params\.k puts it on 4"):
+        partition(labels, 4, "classes_per_client", {"k": 2}, seed=0, min_samples=1)
+
+
+def test_class_sets_stay_distinct_when_a_client_straddles_cycles():
+    # 6 classes, k = 4: client 1 takes slots 4, 5 of the first class order and 6, 7 of the second.
+    labels = np.repeat(np.arange(6), 20)
+    for seed in range(10):
+        m = count_matrix(labels, partition(labels, 3, "classes_per_client", {"k": 4}, seed=seed, min_samples=1), 6)
+        assert np.all((m > 0).sum(axis=1) == 4) and m.sum() == 120
+
+
+def test_partition_hands_schemes_a_numpy_label_array(monkeypatch):
+    seen = []
+
+    def spy(labels, num_clients, rng):
+        seen.append(type(labels))
+        return np.array_split(np.arange(len(labels)), num_clients)
+
+    monkeypatch.setitem(SCHEMES, "spy", spy)
+    partition([0, 1] * 10, 2, "spy", {}, seed=0, min_samples=1)
+    assert seen == [np.ndarray]
+
+
+def test_evaluation_split_rules_both_sides_of_each_boundary():
+    parts = [np.arange(10)]
+    for bad in (1.0, -1e-9, "0.2", True):
+        with pytest.raises(ConfigError, match=r"data\.validation_fraction"):
+            validation_split(parts, bad, seed=0)
+    assert len(validation_split(parts, 0.0, seed=0)[1][0]) == 0
+    assert len(validation_split(parts, 1 - 1e-9, seed=0)[1][0]) == 9
+    counts = np.array([[2, 1]])
+    for bad in (0, -0.1, "0.3", True):
+        with pytest.raises(ConfigError, match=r"data\.local_test_ratio"):
+            local_test_sets(np.array([0, 1]), counts, bad, seed=0)
+    assert [len(s) for s in local_test_sets(np.array([0, 1]), counts, 1e-9, seed=0)] == [0]
+    for bad_labels in ([0, 1, 2], [-1, 0, 1]):
+        with pytest.raises(DataError, match=r"test labels must lie in 0\.\.1"):
+            local_test_sets(np.array(bad_labels), counts, 1.0, seed=0)
+
+
+def test_local_test_sets_need_only_the_classes_a_client_trains_on():
+    # No test sample of class 1, which no client trains on; array-likes are accepted.
+    sets = local_test_sets([0, 2, 2, 0], [[2, 0, 1], [0, 0, 3]], 1.0, seed=0)
+    assert [np.bincount(np.array([0, 2, 2, 0])[s], minlength=3).tolist() for s in sets] == [[2, 0, 1], [0, 0, 3]]
+
+
+def test_count_matrix_checks_labels_and_takes_lists():
+    assert np.array_equal(count_matrix([0, 2, 1, 2], [np.array([0, 1]), np.array([2, 3])], 3), [[1, 0, 1], [0, 1, 1]])
+    assert count_matrix(np.array([0, 1]), [], 2).shape == (0, 2)
+    for labels in ([0, 3], [-1, 0]):
+        with pytest.raises(DataError, match=r"labels must lie in 0\.\.2"):
+            count_matrix(labels, [np.array([0, 1])], 3)
+
+
+def test_shared_set_takes_a_list_and_needs_every_class():
+    labels = [2, 0, 1, 0, 2, 1, 0]
+    picked = shared_set(labels, 3, seed=4)
+    assert [labels[i] for i in picked] == [0, 1, 2] and picked.dtype == np.int64
+    with pytest.raises(DataError, match="no sample of class 3"):
+        shared_set(labels, 4, seed=4)
+
+
+def test_dirichlet_caps_clients_holding_a_fair_share():
+    """NIID-Bench's balancing: once a client holds >= N / num_clients samples it gets none of later classes."""
+    parts = partition(LABELS, 20, "dirichlet", {"beta": 0.1}, seed=0)
+    m = count_matrix(LABELS, parts, 10)
+    before = np.cumsum(m, axis=1) - m  # what each client held when each class was dealt
+    capped = before >= len(LABELS) / 20
+    assert capped.sum() > 20 and np.all(m[capped] == 0)
+
+
+# ---- Pinned golden values. The numbers below come from the seeded random streams (hpcfl.seeding, NumPy's
+# Generator). Changing them is a deliberate decision: it changes every partition and split of every past
+# job, so results are no longer comparable with those recorded before. Update only on purpose. ----
+
+SMALL = np.repeat(np.arange(4), [12, 9, 6, 3])  # indices 0-11: class 0, 12-20: 1, 21-26: 2, 27-29: 3
+
+
+def test_golden_dirichlet_count_matrix_shows_the_cap():
+    # 40 samples, 4 clients: the cap is 10. Client 0 takes exactly 10 of class 0 and client 1 reaches 15
+    # after class 1, so neither gets anything later. min_samples=7 is the smallest client: the first draw stands.
+    labels = np.repeat(np.arange(3), [20, 12, 8])
+    parts = partition(labels, 4, "dirichlet", {"beta": 1.0}, seed=0, min_samples=7)
+    assert count_matrix(labels, parts, 3).tolist() == [[10, 0, 0], [6, 9, 0], [1, 0, 6], [3, 3, 2]]
+
+
+@pytest.mark.parametrize("scheme,params,expected", [
+    ("iid", {}, [[4, 4, 2, 0], [4, 2, 3, 1], [4, 3, 1, 2]]),
+    ("dirichlet", {"beta": 1.0}, [[6, 0, 0, 1], [4, 4, 5, 0], [2, 5, 1, 2]]),
+    ("dirichlet_equal", {"beta": 0.5}, [[8, 1, 1, 0], [0, 6, 1, 3], [4, 2, 4, 0]]),
+    ("dirichlet_equal", {"beta": 0.5, "size": 5}, [[4, 1, 0, 0], [0, 3, 0, 2], [3, 1, 0, 1]]),  # takes class 3's last
+    ("classes_per_client", {"k": 2}, [[0, 0, 6, 2], [6, 9, 0, 0], [6, 0, 0, 1]]),
+    ("missing", {"x": 1}, [[6, 3, 0, 2], [6, 3, 3, 0], [0, 3, 3, 1]]),
+    ("quantity_skew", {"sigma": 1.0}, [[10, 8, 6, 2], [1, 0, 0, 0], [1, 1, 0, 1]]),
+])
+def test_golden_count_matrices_at_seed_0(scheme, params, expected):
+    # Column sums are the class sizes 12, 9, 6, 3 wherever a scheme deals every sample.
+    parts = partition(SMALL, 3, scheme, params, seed=0, min_samples=1)
+    assert count_matrix(SMALL, parts, 4).tolist() == expected
+
+
+def test_golden_classes_per_client_indices():
+    # Client 0: all of class 2 and two of class 3; 1: six of class 0 and all of class 1; 2: the other six of 0, one of 3.
+    parts = partition(SMALL, 3, "classes_per_client", {"k": 2}, seed=0, min_samples=1)
+    assert [p.tolist() for p in parts] == [[21, 22, 23, 24, 25, 26, 27, 29],
+                                           [1, 2, 6, 8, 9, 10, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+                                           [0, 3, 4, 5, 7, 11, 28]]
+
+
+def test_golden_validation_split():
+    # 0.25 x 10 = 2.5 and 0.25 x 6 = 1.5 round half up: 3 and 2 held out.
+    train, val = validation_split([np.arange(10), np.arange(10, 16)], 0.25, seed=0)
+    assert [v.tolist() for v in val] == [[1, 3, 9], [11, 13]]
+    assert [t.tolist() for t in train] == [[0, 2, 4, 5, 6, 7, 8], [10, 12, 14, 15]]
+
+
+def test_golden_local_test_sets():
+    # Test indices 0-4: class 0, 5-8: class 1, 9-11: class 2. Client 0 trains 6:3:0 -> 0.5 x 9 = 4.5 -> 5
+    # test samples, 3 + 2; client 1 trains 0:2:4 -> 3 test samples, 1 + 2.
+    test_labels = np.repeat(np.arange(3), [5, 4, 3])
+    sets = local_test_sets(test_labels, np.array([[6, 3, 0], [0, 2, 4]]), 0.5, seed=0)
+    assert [s.tolist() for s in sets] == [[0, 1, 2, 5, 8], [5, 10, 11]]
+
+
+def test_golden_shared_set():
+    # One index per class: 0-3 are class 0, 4-6 class 1, 7-8 class 2.
+    assert shared_set(np.repeat(np.arange(3), [4, 3, 2]), 3, seed=0).tolist() == [2, 4, 8]

@@ -1,21 +1,32 @@
 """Model registry: every model builds, splits into features/classifier, is seed-deterministic, and the
-FedMA models have the papers' exact parameter shapes."""
+FedMA models have the papers' exact parameter shapes; the model options ([model] params)."""
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from hpcfl.algorithms.base import Client
+from hpcfl.config import job_from_dict, model_params
+from hpcfl.data.base import resolve_data_root
+from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
-from hpcfl.models import MODELS, build_model, count_parameters, model_state
+from hpcfl.models import MODELS, build_model, count_parameters, model_options, model_state
+from hpcfl.models.common import HeadOptions, ReluLinear
+from hpcfl.models.vision import ResNetOptions
+from hpcfl.regularizers import adapt_model
+from hpcfl.runtime.job import build_models
+from hpcfl.training import LocalTrainer, evaluate
 
 torch.set_num_threads(1)
 
-IMAGE_MODELS = ["fmnist_cnn", "fmnist_cnn_narrow", "fmnist_cnn_wide", "tcnn", "lenet", "vgg9", "resnet18", "resnet50",
-                "shufflenetv2", "googlenet", "alexnet_cifar"]
+IMAGE_MODELS = ["fmnist_cnn", "fmnist_cnn_narrow", "fmnist_cnn_wide", "fmnist_cnn_bn", "tcnn", "lenet", "vgg9",
+                "resnet18", "resnet50", "shufflenetv2", "googlenet", "alexnet_cifar"]
 SEQ_LEN, VOCAB = 20, 80
 
 FEATURE_WIDTH = {
-    "fmnist_cnn": 128, "fmnist_cnn_narrow": 128, "fmnist_cnn_wide": 128, "tcnn": 512, "lenet": 500, "vgg9": 512, "char_lstm": 256,
-    "resnet18": 512, "resnet50": 2048, "shufflenetv2": 512, "googlenet": 512, "alexnet_cifar": 512,
+    "fmnist_cnn": 128, "fmnist_cnn_narrow": 128, "fmnist_cnn_wide": 128, "fmnist_cnn_bn": 128, "tcnn": 512, "lenet": 500,
+    "vgg9": 512, "char_lstm": 256, "resnet18": 512, "resnet50": 2048, "shufflenetv2": 512, "googlenet": 512,
+    "alexnet_cifar": 512,
 }
 
 CASES = [(name, shape, 10) for name in IMAGE_MODELS for shape in [(3, 32, 32), (1, 28, 28)]]
@@ -203,3 +214,132 @@ def test_bad_or_tiny_inputs_give_config_errors(name):
 def test_unknown_name_is_a_config_error():
     with pytest.raises(ConfigError, match="valid"):
         build_model("vgg16", (3, 32, 32), 10)
+
+
+# -- model options ([model] params) ----------------------------------------------------------------
+PREACTIVATION = [(name, HeadOptions(preactivation=True)) for name in
+                 ("fmnist_cnn", "fmnist_cnn_bn", "tcnn", "lenet", "vgg9", "alexnet_cifar", "shufflenetv2", "googlenet")]
+PREACTIVATION.append(("resnet18", ResNetOptions(preactivation=True, feature_layer=64)))
+
+
+@pytest.mark.parametrize("name, options", PREACTIVATION, ids=[n for n, _ in PREACTIVATION])
+def test_preactivation_moves_the_last_relu_into_the_classifier(name, options):
+    """Same seed, same weights and the same function; features(x) stops before the ReLU, so it can be
+    negative; the classifier is still one Linear named `classifier` (what algorithms select)."""
+    plain_options = ResNetOptions(feature_layer=64) if name == "resnet18" else None
+    torch.manual_seed(1)
+    plain = build_model(name, (3, 32, 32), 10, plain_options).eval()
+    torch.manual_seed(1)
+    pre = build_model(name, (3, 32, 32), 10, options).eval()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), pre.state_dict().values()))
+    assert plain.state_dict().keys() == pre.state_dict().keys()
+    assert [n for n, _ in pre.named_parameters() if n.startswith("classifier.")] == ["classifier.weight",
+                                                                                      "classifier.bias"]
+    assert isinstance(pre.classifier, ReluLinear) and type(plain.classifier) is nn.Linear
+    assert pre.classifier.in_features == (64 if name == "resnet18" else FEATURE_WIDTH[name])
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        features = pre.features(x)
+        assert (features < 0).any()
+        torch.testing.assert_close(pre.classifier(features), pre(x))
+        torch.testing.assert_close(pre(x), plain(x))
+        torch.testing.assert_close(features.relu(), plain.features(x))
+
+
+def test_moon_head_refuses_a_preactivation_classifier():
+    model = build_model("fmnist_cnn", (1, 8, 8), 10, HeadOptions(preactivation=True))
+    with pytest.raises(ConfigError, match="ReluLinear"):
+        adapt_model(model, {"moon": {}}, seed=0)
+
+
+def test_resnet_options_change_the_counts_by_hand():
+    """torchvision's ResNet-18 without fc: 11,176,512 parameters, of which conv1 (64 x 3 x 7 x 7) 9,408."""
+    head = 512 * 10 + 10
+    counts = {ResNetOptions(stem="imagenet"): 11_176_512 + head,
+              ResNetOptions(): 11_176_512 - 9_408 + 64 * 3 * 3 * 3 + head,                     # 11,173,962 as above
+              ResNetOptions(feature_layer=512, preactivation=True): 11_173_962 + 512 * 512 + 512}
+    for options, expected in counts.items():
+        assert count_parameters(build_model("resnet18", (3, 32, 32), 10, options)) == expected
+    one_channel = build_model("resnet18", (1, 28, 28), 10, ResNetOptions(stem="imagenet"))
+    assert count_parameters(one_channel) == 11_176_512 - 9_408 + 64 * 7 * 7 + head
+    assert one_channel.backbone.conv1.kernel_size == (7, 7) and one_channel.backbone.conv1.stride == (2, 2)
+    wide = build_model("resnet18", (3, 32, 32), 10, ResNetOptions(feature_layer=256))
+    assert wide.features(torch.randn(2, 3, 32, 32)).min() >= 0 and wide.classifier.in_features == 256
+
+
+@pytest.mark.parametrize("in_shape, cifar, imagenet", [((3, 32, 32), 4, 1), ((1, 28, 28), 4, 1), ((3, 64, 64), 8, 2)])
+def test_imagenet_stem_downsamples_by_4_before_layer1(in_shape, cifar, imagenet):
+    """CIFAR stem: 32 -> 32 (layer1) -> 16 -> 8 -> 4; ImageNet: conv stride 2 and max-pool stride 2 first."""
+    sides = {}
+    for stem in ("cifar", "imagenet"):
+        model = build_model("resnet18", in_shape, 10, ResNetOptions(stem=stem)).eval()
+        seen = []
+        model.backbone.layer4.register_forward_hook(lambda m, i, out: seen.append(out.shape))
+        with torch.no_grad():
+            assert model.features(torch.randn(2, *in_shape)).shape == (2, 512)
+        sides[stem] = seen[0][-2:]
+    assert sides == {"cifar": (cifar, cifar), "imagenet": (imagenet, imagenet)}
+
+
+def test_model_params_are_validated_against_every_architecture():
+    def job(params, **model):
+        return job_from_dict({"algorithm": {"name": "local_only"}, "data": {"local_test_ratio": 0.3},
+                              "model": {"params": params, **model}})
+
+    assert job({"stem": "imagenet"}, name="resnet18").model.params == {"stem": "imagenet"}
+    bad = [({"feature_layers": 512}, r"model.params.feature_layers is not an option of model 'resnet18'; "
+                                      r"its options: \['preactivation', 'feature_layer', 'stem'\]"),
+           ({"preactivation": 1}, r"model.params.preactivation must be of type bool"),
+           ({"stem": "tiny"}, r"stem = 'tiny'; choose 'cifar' or 'imagenet'"),
+           ({"feature_layer": -1}, r"feature_layer = -1 must be >= 0"),
+           ({"preactivation": True}, r"preactivation = true needs feature_layer > 0")]
+    for params, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            job(params, name="resnet18")
+    with pytest.raises(ConfigError, match=r"model.params.preactivation is not an option of model 'char_lstm'"):
+        job({"preactivation": True}, name="char_lstm")
+    mixed = ["resnet18", "fmnist_cnn"]
+    with pytest.raises(ConfigError, match=r"model.params.stem is not an option of model 'fmnist_cnn'.*"
+                                          r"model.params.resnet18 = \{stem = ...\}"):
+        job({"stem": "imagenet"}, architectures=mixed)
+    with pytest.raises(ConfigError, match=r"model.params.resnet18.feature_layer must be of type int"):
+        job({"resnet18": {"feature_layer": "512"}}, architectures=mixed)
+    with pytest.raises(ConfigError, match=r"model.params.fmnist_cnn.stem is not an option of model 'fmnist_cnn'"):
+        job({"fmnist_cnn": {"stem": "imagenet"}}, architectures=mixed)
+
+
+def test_per_architecture_options_reach_their_models():
+    """A key for all, a table for one: ResNet-18 with a 128-d extra layer beside the 128-d FMNIST CNN."""
+    config = job_from_dict({"algorithm": {"name": "local_only"}, "data": {"local_test_ratio": 0.3},
+                            "model": {"architectures": ["resnet18", "fmnist_cnn"],
+                                      "params": {"preactivation": True, "resnet18": {"feature_layer": 128}}}})
+    assert model_params(config.model.params, {a: model_options(a) for a in config.architectures}) == {
+        "resnet18": ResNetOptions(preactivation=True, feature_layer=128), "fmnist_cnn": HeadOptions(preactivation=True)}
+    models = build_models(config, (1, 28, 28), 10, torch.device("cpu"))
+    assert all(isinstance(m.classifier, ReluLinear) and m.classifier.in_features == 128 for m in models.values())
+
+
+def _digits_client(cid, samples):
+    data = load_dataset("digits", resolve_data_root(None))
+    idx = torch.from_numpy(np.random.default_rng(cid).permutation(len(data.train_y))[:samples])
+    y = data.train_y[idx]
+    return Client(cid, data.train_x[idx], y, np.bincount(y.numpy(), minlength=10)), data
+
+
+def test_fmnist_cnn_bn_has_batchnorm_and_trains():
+    model = build_model("fmnist_cnn_bn", (1, 28, 28), 10)
+    norms = [type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    assert norms == ["BatchNorm2d", "BatchNorm2d", "BatchNorm1d"]
+    assert count_parameters(model) == count_parameters(build_model("fmnist_cnn", (1, 28, 28), 10)) + 2 * (16 + 32 + 128)
+    assert torch.equal(model.conv[1].running_var, torch.ones(16))        # building probes in eval mode
+    torch.manual_seed(0)
+    model = build_model("fmnist_cnn_bn", (1, 8, 8), 10)
+    me, data = _digits_client(0, 321)             # 321 = 10 x 32 + 1: every epoch ends with a batch of one
+    cfg = job_from_dict({"train": {"batch_size": 32, "lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4,
+                                   "local_epochs": 5}}).train
+    before = evaluate(model, data.test_x, data.test_y, 10, 1000)["acc"]
+    metrics = LocalTrainer(cfg, seed=0).train(model, me, 0)
+    assert metrics["steps"] == 50                                        # the single-sample batches skipped
+    assert model.conv[1].num_batches_tracked == 50
+    after = evaluate(model, data.test_x, data.test_y, 10, 1000)["acc"]
+    assert after > 0.8 and after > before + 0.5, (before, after)

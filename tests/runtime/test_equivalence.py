@@ -15,15 +15,18 @@ from hpcfl.runtime.job import run, setup
 pytestmark = pytest.mark.mpi
 
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds
-          "fedfm_lite": {"start_round": 1, "weight": 1.0, "model_every": 2}}
+          "fedfm_lite": {"start_round": 1, "weight": 1.0, "model_every": 2},
+          "fedprox": {"init": "independent"}, "local_only": {"init": "independent"},   # FedMA's baselines
+          "fedclassavg": {"warmup_epochs": 1}, "fedrs": {"bias": "drop"}}
 HETEROGENEOUS = {"local_only", "fedclassavg", "fedproto"}      # clients of two architectures side by side
 
 
 def _job(algorithm: str, root: str, name: str, *overrides: str):
-    everyone = algorithm in ("ensemble", "fedma")
+    everyone = algorithm in ("ensemble", "fedma", "fedfm_lite")
     raw = {
         "run": {"study": "eq", "name": name, "rounds": 3, "results_root": root},
         "data": {"dataset": "digits", "num_clients": 6, "partition": "dirichlet", "partition_params": {"beta": 0.5},
+                 "seed": 3,                                                  # a split apart from run.seed
                  "validation_fraction": 0.2, "local_test_ratio": 0.3},
         "train": {"clients_per_round": 6 if everyone else 4, "batch_size": 16, "lr": 0.05, "momentum": 0.5,
                   "local_epochs": 2 if algorithm == "fedcme" else 1},      # FedCME swaps after epoch 1

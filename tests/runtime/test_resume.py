@@ -109,6 +109,11 @@ def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys)
     assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
     assert main([*_args(job, tmp_path, "cut"), "--set", "train.lr=0.1"]) == 2
     assert "another configuration" in capsys.readouterr().err
+    assert main([*_args(job, tmp_path, "cut"), "--set", "data.seed=5"]) == 2       # another split
+    assert "another configuration" in capsys.readouterr().err
+    free = ["run.checkpoint_every=3", "run.device='cpu'", "run.placement='fixed'", "train.on_nonfinite='drop'"]
+    assert main([*_args(job, tmp_path, "cut"), *(a for key in free for a in ("--set", key))]) == 0
+    assert read_run(tmp_path / "results" / "resume" / "cut.h5").rounds == 6
 
 
 @pytest.mark.mpi

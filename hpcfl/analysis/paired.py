@@ -1,0 +1,92 @@
+"""Paired comparisons: does arm A beat the baseline B, by how much, and can these runs tell?
+
+Runs are paired when they differ only in the compared key: the same values of every other key that
+varies and the same seeds (run.seed and the split's data.seed). Pairing removes what the seed does to
+both arms alike (the split, the initialisation, the cohorts), which for FL on non-IID splits is often
+larger than the effect under study. Per group and arm the table gives the paired differences' mean,
+std and number n, a 95 % t-interval for the mean, and a verdict: `better` or `worse` when the interval
+excludes no-effect, `inconclusive` when it contains it (or n < 2); the interval's half-width is the
+smallest effect these runs could have resolved.
+
+The statistic of each run is one of hpcfl.analysis.tables.STATISTICS: the final evaluated value, the
+mean of the last k, the value at the best-validation round, or the rounds to reach a target; for
+rounds the per-pair figure is the speed-up (baseline rounds / arm rounds, no-effect 1), for the others
+the difference arm - baseline (no-effect 0). Lower is better for metrics whose name ends in "loss".
+"""
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from hpcfl.analysis.results import Results, varying_keys
+from hpcfl.analysis.tables import statistic
+
+PAIR_KEYS = ("run.seed", "data.seed")
+
+
+def _split_seed(runs: pd.DataFrame) -> pd.Series:
+    """The seed each run split its data with: data.seed, or run.seed where data.seed is -1 (or absent:
+    files written before data.seed existed split with run.seed)."""
+    if "data.seed" not in runs:
+        return runs["run.seed"]
+    own = runs["data.seed"].fillna(-1).astype(int)
+    return own.where(own != -1, runs["run.seed"])
+
+
+def interval(effects: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, std, low, high) of the mean of paired effects, a Student t-interval; NaN bounds for n < 2."""
+    n = len(effects)
+    mean = float(np.mean(effects)) if n else np.nan
+    if n < 2:
+        return mean, np.nan, np.nan, np.nan
+    std = float(np.std(effects, ddof=1))
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / np.sqrt(n)
+    return mean, std, mean - half, mean + half
+
+
+def verdict(low: float, high: float, null: float, higher_is_better: bool) -> str:
+    if not np.isfinite(low) or low <= null <= high:           # the bounds are both finite or both NaN
+        return "inconclusive"
+    return "better" if (low > null) == higher_is_better else "worse"
+
+
+def compare(results: Results, baseline: dict, stat: str = "final", metric: str = "round/test_acc",
+            last: int = 10, target: float | None = None, by: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Per group of `by` keys (default: every other key that varies) and arm, the paired effect of the
+    arm over `baseline` ({key: value}, one key). Returns the table and the runs that found no partner."""
+    if len(baseline) != 1:
+        raise ValueError(f"--baseline names one KEY=VALUE, got {baseline}")
+    (key, reference), = baseline.items()
+    runs = results.runs
+    if key not in runs:
+        raise ValueError(f"--baseline key {key!r} is not a config key of these runs")
+    if stat == "rounds" and metric.endswith("loss"):
+        raise ValueError(f"--stat rounds counts rounds until {metric} >= --target, which a falling loss never means; "
+                         "use an accuracy")
+    runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].astype(str),
+                          "#value": [statistic(results.series[p], stat, metric, last, target) for p in runs["path"]]})
+    if not (runs["#arm"] == str(reference)).any():
+        raise ValueError(f"no run has {key} = {reference}; values: {sorted(runs['#arm'].unique())}")
+    groups = [k for k in (by or varying_keys(results.runs)) if k != key]
+    higher_is_better = not metric.endswith("loss")          # an accuracy, or a speed-up
+    null = 1.0 if stat == "rounds" else 0.0
+    rows, unpaired = [], []
+    for values, group in (runs.groupby(groups, dropna=False) if groups else [((), runs)]):     # keys as tuples
+        twins = group[group.duplicated(["#arm", *PAIR_KEYS], keep=False)]
+        if len(twins):
+            raise ValueError(f"runs {sorted(twins['path'])} share every compared key and seed, so none can be paired; "
+                             "name the key that tells them apart with --by, or analyse them apart")
+        base = group[group["#arm"] == str(reference)].set_index(list(PAIR_KEYS))
+        partnered = set()
+        for arm, runs_of_arm in group[group["#arm"] != str(reference)].groupby("#arm"):
+            mine = runs_of_arm.set_index(list(PAIR_KEYS))
+            shared = mine.index.intersection(base.index)
+            partnered |= set(shared)
+            unpaired += [p for i, p in zip(mine.index, mine["path"]) if i not in shared]
+            a, b = mine.loc[shared, "#value"].to_numpy(float), base.loc[shared, "#value"].to_numpy(float)
+            effects = b / a if stat == "rounds" else a - b
+            mean, std, low, high = interval(effects[np.isfinite(effects)])
+            rows.append({**dict(zip(groups, values)), key: arm, "n": int(np.isfinite(effects).sum()),
+                         "effect_mean": mean, "effect_std": std, "ci95_low": low, "ci95_high": high,
+                         "verdict": verdict(low, high, null, higher_is_better)})
+        unpaired += [p for i, p in zip(base.index, base["path"]) if i not in partnered]
+    return pd.DataFrame(rows), sorted(unpaired)

@@ -1,0 +1,73 @@
+"""The experiment protocol: a split fixed by data.seed apart from run.seed, and the global model's
+validation accuracy recorded every evaluation round (checked against the model itself), so the
+analysis can select on validation and pair runs of the same split."""
+import numpy as np
+import pytest
+import torch
+
+from hpcfl.config import apply_overrides, job_from_dict
+from hpcfl.data.base import resolve_data_root
+from hpcfl.data.datasets import load_dataset
+from hpcfl.data.partition import partition, validation_split
+from hpcfl.metrics import read_run
+from hpcfl.runtime.job import run, setup
+from hpcfl.training import evaluate
+from hpcfl.transport import LocalTransport
+
+
+def _run(tmp_path, name, *overrides, keep_job=False):
+    raw = {"run": {"study": "p", "name": name, "rounds": 3, "results_root": str(tmp_path)},
+           "data": {"dataset": "digits", "num_clients": 5, "partition": "dirichlet", "partition_params": {"beta": 0.5},
+                    "validation_fraction": 0.2},
+           "train": {"clients_per_round": 3, "batch_size": 16, "lr": 0.05, "momentum": 0.9},
+           "eval": {"every": 2}}
+    config = job_from_dict(apply_overrides(raw, list(overrides)))
+    transport = LocalTransport({})
+    job = setup(config, transport, None, log=lambda text: None)
+    run(job, log=lambda text: None)
+    job.recorder.close()
+    transport.close()
+    return (read_run(config.result_path), job) if keep_job else read_run(config.result_path)
+
+
+def test_data_seed_fixes_the_split_while_run_seed_varies_the_rest(tmp_path):
+    fixed = [_run(tmp_path, f"fixed{s}", f"run.seed={s}", "data.seed=11") for s in (1, 2)]
+    own = [_run(tmp_path, f"own{s}", f"run.seed={s}") for s in (1, 2)]
+    np.testing.assert_array_equal(fixed[0].arrays["partition"], fixed[1].arrays["partition"])
+    assert not np.array_equal(own[0].arrays["partition"], own[1].arrays["partition"])
+    assert not np.allclose(fixed[0].arrays["round/train_loss"], fixed[1].arrays["round/train_loss"])  # init, batches
+    # data.seed = -1 (the default) splits with run.seed: the same split as data.seed = run.seed
+    same = _run(tmp_path, "explicit", "run.seed=2", "data.seed=2")
+    np.testing.assert_array_equal(same.arrays["partition"], own[1].arrays["partition"])
+    np.testing.assert_allclose(same.arrays["round/val_acc"], own[1].arrays["round/val_acc"])
+
+
+def test_validation_accuracy_is_the_global_models_on_every_clients_held_out_samples(tmp_path):
+    result, job = _run(tmp_path, "val", "run.seed=4", keep_job=True)
+    val = result.arrays["round/val_acc"]
+    assert np.isnan(val[0]) and np.isfinite(val[1:]).all()           # evaluated after rounds 2 and 3 (every 2, last)
+    data = load_dataset("digits", resolve_data_root(None))
+    labels = data.train_y.numpy()
+    held_out = np.concatenate(validation_split(partition(labels, 5, "dirichlet", {"beta": 0.5}, 4), 0.2, 4)[1])
+    assert len(held_out) == pytest.approx(0.2 * len(labels), rel=0.05)
+    model = job.algorithm.global_module(job.server.state, job.server.model)
+    x, y = data.train_x[torch.from_numpy(held_out)], data.train_y[torch.from_numpy(held_out)]
+    assert val[-1] == pytest.approx(evaluate(model, x, y, 10, 1000)["acc"])
+    assert result.arrays["round/val_loss"][-1] == pytest.approx(evaluate(model, x, y, 10, 1000)["loss"], rel=1e-5)
+    assert val[-1] != pytest.approx(result.arrays["round/test_acc"][-1])      # a different set than the test set
+
+
+@pytest.mark.parametrize("algorithm", ["local_only", "ensemble"])
+def test_algorithms_without_a_global_model_validate_each_client_on_its_own_model(algorithm, tmp_path):
+    result = _run(tmp_path, algorithm, f"algorithm.name='{algorithm}'", "train.clients_per_round=5")
+    own, rounds = result.arrays["client/val_acc"], result.arrays["round/val_acc"]
+    assert np.isnan(rounds[0])
+    np.testing.assert_allclose(rounds[1:], np.nanmean(own[1:], axis=1))
+    assert ("round/test_acc" in result.arrays) == (algorithm == "ensemble")     # the ensemble votes on the test set
+
+
+def test_a_negative_data_seed_other_than_minus_one_is_refused(tmp_path):
+    from hpcfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.seed = -2"):
+        job_from_dict({"data": {"seed": -2}})
