@@ -87,6 +87,13 @@ def _abort(transport, err: BaseException) -> None:
     sys.exit(1)
 
 
+def _close(transport) -> None:
+    """Cancel the transport's pending receives and free its communicator (across nodes, UCX warns of
+    buffers 'not returned to mpool' otherwise)."""
+    if transport is not None:
+        transport.close()
+
+
 def main(argv=None, allow_sweep: bool = False) -> int:
     """`allow_sweep`: the job file may have a [sweep] table (hpcfl.sweep runs one of its points)."""
     from hpcfl.runtime.lock import release
@@ -115,13 +122,15 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         transport.timeout_s = config.run.round_timeout_s
         log = (lambda text: print(text, flush=True)) if transport.is_server else (lambda text: None)
         job = setup(config, transport, args.data_root, local_rank, log)
-    except RunCompleted as done:
+    except RunCompleted as done:          # raised on every rank alike, as SetupFailed: all close together
         if transport is None or transport.is_server:
             print(f"hpcfl: {done}", flush=True)
+        _close(transport)
         return 0
     except HpcflError as err:
         if transport is None or transport.is_server:
             sys.stderr.write(f"hpcfl: error: {err}\n")
+        _close(transport)
         return 2
     except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
         _abort(transport, err)

@@ -3,7 +3,13 @@
 # `mpiexec`, which takes its ranks from the allocation). USR1 (sbatch --signal=B:USR1@...) and TERM
 # are forwarded to the step: the run checkpoints after its current round and exits 3, and then the
 # job requeues itself, so that its next start resumes where it stopped.
+#
+# Afterwards it removes the shared-memory segments MPICH left in /dev/shm (about 1 MB per rank that was
+# killed; a leftover segment named after a job step can make a later job with the same id hang in
+# MPI_Init): those of this user created while the step ran that no process still maps. On a job of
+# several nodes this cleans the first node; see the README (Reliability) for the others.
 launcher=${HPCFL_MPI_LAUNCH:-srun --mpi=pmi2}
+started=$(mktemp "${TMPDIR:-/tmp}/hpcfl-step.XXXXXX")      # segments newer than this are the step's
 $launcher "$@" &
 step=$!
 trap 'kill -USR1 "$step" 2>/dev/null' USR1 TERM
@@ -11,6 +17,10 @@ while :; do
     wait "$step" && status=0 || status=$?
     kill -0 "$step" 2>/dev/null || break        # still running: a trapped signal interrupted the wait
 done
+for segment in $(find /dev/shm -maxdepth 1 -name 'mpich_shm_*' -user "$(id -u)" -newer "$started" 2>/dev/null); do
+    grep -qsF "$segment" /proc/[0-9]*/maps || rm -f "$segment"
+done
+rm -f "$started"
 if [ "$status" -eq 3 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     echo "hpcfl: checkpointed; requeueing job $SLURM_JOB_ID to resume"
     scontrol requeue "$SLURM_JOB_ID"

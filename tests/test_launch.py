@@ -77,6 +77,31 @@ def test_missing_data_root_is_named(tiny_job, tmp_path, ranks):
     assert not list(tmp_path.rglob("*.h5"))                                    # nothing trained or written
 
 
+@pytest.mark.parametrize("failure", ["setup", "completed"])
+def test_the_transport_is_closed_when_set_up_ends_the_run(tiny_job, tmp_path, monkeypatch, failure):
+    """A set-up failure (exit 2) or a run already complete (exit 0) still closes the transport: MPI's
+    pending note receives are cancelled and the communicator freed, on every rank alike."""
+    import hpcfl.launch
+    import hpcfl.runtime.job
+    from hpcfl.errors import DataError
+    from hpcfl.runtime.resume import RunCompleted
+    from hpcfl.transport import LocalTransport
+
+    closed = []
+
+    class Spy(LocalTransport):
+        def close(self):
+            closed.append(True)
+
+    def fail(*args, **kwargs):
+        raise DataError("no data") if failure == "setup" else RunCompleted("done already")
+
+    monkeypatch.setattr(hpcfl.launch, "make_transport", lambda: (Spy({}), 0))
+    monkeypatch.setattr(hpcfl.runtime.job, "setup", fail)
+    assert hpcfl.launch.main([str(tiny_job()), "--results-root", str(tmp_path)]) == (2 if failure == "setup" else 0)
+    assert closed == [True]
+
+
 def test_bad_config_exits_2_naming_the_key(tiny_job, tmp_path):
     result = launch(tiny_job(), "--set", "train.optimiser=adam", "--results-root", tmp_path)
     assert result.returncode == 2 and "optimiser" in result.stderr and "Traceback" not in result.stderr

@@ -5,17 +5,28 @@ readers can follow a run; so rank 0 claims the result path itself, creating the 
 (O_EXCL) before it touches the result file, and the launcher removes it however the run ends
 (finished, stopped at a checkpoint, failed). A lock left by a run that is provably gone is taken over:
 same host and no such process any more, or an earlier incarnation of the same SLURM job (requeued).
-Any other lock refuses the run with a message naming the owner.
+
+A lock can also outlive its run where nobody removes it: when a rank on another node is killed, the
+MPI launcher kills rank 0 too. So rank 0 keeps its lock fresh: a thread touches it every HEARTBEAT_S
+seconds for as long as the process lives (waiting in a collective included). A lock not touched for
+STALE_S seconds is stale from any node and is taken over with a warning naming the old owner. Its
+age is measured against the file system's own clock (a file written next to it), so clocks that
+differ between nodes do not matter. Any other lock refuses the run with a message naming the owner.
 """
 import json
 import os
 import socket
+import sys
+import threading
 import time
 from pathlib import Path
 
 from hpcfl.errors import ResultsError
 
-_held: dict[Path, list[Path]] = {}          # lock file -> the folders claiming it created
+HEARTBEAT_S = 30.0      # rank 0 touches its lock this often
+STALE_S = 300.0         # a lock untouched this long has no live owner (ten missed heartbeats)
+
+_held: dict[Path, tuple[list[Path], threading.Event]] = {}   # lock file -> (folders claiming it created, heartbeat stop)
 
 
 def lock_path(result_path: Path) -> Path:
@@ -27,8 +38,22 @@ def _me() -> dict:
             "host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def _silent_s(path: Path, probe: Path) -> float:
+    """Seconds since `path` was last touched, by the file system's clock: `probe`, just written next to
+    it, carries that clock's now."""
+    return probe.stat().st_mtime - path.stat().st_mtime
+
+
+def _beat(path: Path, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        try:
+            os.utime(path)
+        except OSError:                                 # removed under us, or the file system is away: try again
+            pass
+
+
 def _gone(owner: dict, me: dict) -> bool:
-    """Whether the owner of a lock can no longer be writing."""
+    """Whether the owner of a lock can no longer be writing (staleness aside)."""
     if owner.get("job") and owner.get("job") == me["job"] and owner.get("restart") != me["restart"]:
         return True                                     # the same SLURM job, requeued: its old self is gone
     if owner.get("host") != me["host"]:
@@ -62,21 +87,30 @@ def claim(result_path: Path) -> None:
             owner = json.loads(path.read_text())
         except (OSError, ValueError):
             owner = {}
-        if not isinstance(owner, dict) or not _gone(owner, me):
-            raise ResultsError(f"{result_path} is being written by another run ({_describe(owner)}; lock file "
-                               f"{path}). Wait for it, or choose another run.name; if that run is no longer "
-                               f"running, delete {path}") from None
         temporary = path.with_name(f"{path.name}.{me['pid']}")
         temporary.write_text(json.dumps(me))
+        silent = _silent_s(path, temporary)
+        owner = owner if isinstance(owner, dict) else {}
+        if not _gone(owner, me) and silent <= STALE_S:
+            temporary.unlink()
+            raise ResultsError(f"{result_path} is being written by another run ({_describe(owner)}; lock file "
+                               f"{path}, refreshed {silent:.0f} s ago). Wait for it, or choose another run.name; a lock "
+                               f"not refreshed for {STALE_S:.0f} s is taken over by the next run") from None
+        if not _gone(owner, me):
+            sys.stderr.write(f"hpcfl: warning: taking over {path}: its owner ({_describe(owner)}) has not "
+                             f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), so it is gone\n")
         os.replace(temporary, path)                     # take over the stale lock in one step
-    _held[path] = created
+    stop = threading.Event()
+    threading.Thread(target=_beat, args=(path, stop), name="hpcfl-lock-heartbeat", daemon=True).start()
+    _held[path] = created, stop
 
 
 def release() -> None:
     """Remove the locks this process holds, and the folders claiming them created if they stayed
     empty (a run refused at set-up leaves nothing behind); the launcher calls it however a run ends."""
     while _held:
-        path, created = _held.popitem()
+        path, (created, stop) = _held.popitem()
+        stop.set()
         path.unlink(missing_ok=True)
         for folder in created:                          # deepest first
             try:

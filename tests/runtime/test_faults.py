@@ -85,7 +85,7 @@ def test_a_second_run_on_the_same_result_is_refused_naming_the_first(tiny_job, t
             break
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert f"host {socket.gethostname()}, pid {first.pid}" in err and "delete" in err, err
+    assert f"host {socket.gethostname()}, pid {first.pid}" in err and "s ago). Wait for it" in err, err
     assert first.wait(timeout=120) == 0                        # the refusal left the first run alone
     assert read_run(tmp_path / RESULT).attrs["status"] == "completed"
     assert not lock_path(tmp_path / RESULT).exists()
@@ -115,6 +115,44 @@ def test_a_lock_of_a_gone_run_is_taken_over_and_one_of_another_node_is_not(tmp_p
     claim(path)
     assert json.loads(lock_path(path).read_text())["restart"] == "1"
     release()
+
+
+def test_a_lock_from_another_host_is_stale_once_its_heartbeat_stops(tmp_path, monkeypatch, capsys):
+    """Rank 0 on another node killed by the launcher leaves its lock: untouched for STALE_S it is
+    taken over with a warning naming the owner; a lock its owner keeps touching is not."""
+    import hpcfl.runtime.lock as lock
+
+    path = tmp_path / "study" / "run.h5"
+    _write_lock(path, job="55", restart="0", host="node-3", pid=4242, since="2026-11-20 08:00:00")
+    os.utime(lock_path(path), (time.time() - lock.STALE_S + 30, time.time() - lock.STALE_S + 30))
+    with pytest.raises(ResultsError, match="host node-3, pid 4242.*refreshed 27[0-9] s ago"):
+        claim(path)                                    # recently refreshed: its owner may be alive
+    assert sorted(p.name for p in lock_path(path).parent.iterdir()) == ["run.h5.lock"]     # no temporary left
+    os.utime(lock_path(path), (time.time() - lock.STALE_S - 30, time.time() - lock.STALE_S - 30))
+    claim(path)
+    warning = capsys.readouterr().err
+    assert "taking over" in warning and "SLURM job 55, host node-3, pid 4242" in warning
+    assert json.loads(lock_path(path).read_text())["pid"] == os.getpid()
+    release()
+
+
+def test_the_owner_keeps_its_lock_fresh_until_it_releases_it(tmp_path, monkeypatch):
+    import hpcfl.runtime.lock as lock
+
+    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.05)
+    path = tmp_path / "run.h5"
+    claim(path)
+    old = time.time() - 1000
+    os.utime(lock_path(path), (old, old))
+    deadline = time.time() + 10
+    while lock_path(path).stat().st_mtime == old and time.time() < deadline:
+        time.sleep(0.02)
+    assert lock_path(path).stat().st_mtime > old + 900                # touched again by the heartbeat
+    release()
+    assert not lock_path(path).exists()
+    time.sleep(0.2)                                                    # the stopped heartbeat recreates nothing
+    assert not lock_path(path).exists()
+    assert not any(t.name == "hpcfl-lock-heartbeat" and t.is_alive() for t in lock.threading.enumerate())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
