@@ -15,8 +15,8 @@ from hpcfl.config import load_job
 from hpcfl.models import build_model, count_parameters
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "fedma" / "fmnist-cpu.toml"
-BASELINES = {"FedAvg": ['algorithm.name="fedavg"', "algorithm.params={}"],
-             "FedProx": ['algorithm.name="fedprox"', "algorithm.params={mu = 0.001}"]}
+BASELINES = {"FedAvg": ['algorithm.name="fedavg"', 'algorithm.params={init = "independent"}'],   # no shared init, as FedMA (App. A)
+             "FedProx": ['algorithm.name="fedprox"', 'algorithm.params={mu = 0.001, init = "independent"}']}
 
 
 def total_bytes(arrays: dict) -> float:

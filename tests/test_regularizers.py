@@ -1,5 +1,6 @@
 """The local loss terms against hand-computed numbers on tiny tensors; MOON's projection head as
 built with the model; each term's configuration rules."""
+import dataclasses
 import math
 
 import numpy as np
@@ -9,11 +10,13 @@ from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import ONE, WEIGHT, Client, Setup
-from hpcfl.config import job_from_dict
-from hpcfl.errors import ConfigError
-from hpcfl.regularizers import (REGULARIZERS, Linear, Moon, NotTrueDistillation, ProjectedClassifier, Prox,
-                                RestrictedSoftmax, build_regularizers)
+from hpcfl.anchors import ANCHORS
+from hpcfl.config import TrainConfig, job_from_dict
+from hpcfl.errors import ConfigError, HpcflError
+from hpcfl.regularizers import (REGULARIZERS, ContrastiveGuiding, L2Matching, Linear, Moon, NotTrueDistillation,
+                                ProjectedClassifier, Prox, RestrictedSoftmax, SupCon, build_regularizers)
 from hpcfl.runtime.job import build_models
+from hpcfl.training import LocalTrainer
 
 
 class TinyNet(nn.Module):
@@ -54,6 +57,73 @@ def test_prox_is_half_mu_times_the_squared_distance_and_its_gradient():
     assert torch.allclose(model.weight.grad, torch.tensor([[0.5, 1.0]]))   # mu (w - w_ref)
 
 
+def _set(model, values):
+    with torch.no_grad():
+        for name, value in values.items():
+            model.get_parameter(name).copy_(torch.tensor(value))
+    return model
+
+
+# TinyNet's parameters and a non-zero reference, every entry different: the differences are
+# body [[0.5, 0], [2, -1]] (squares sum 5.25), classifier.weight [[1, 0], [0, -2], [0, 2]] (9),
+# classifier.bias [0.5, 0, -2] (4.25).
+PROX_MODEL = {"body.weight": [[1.0, 2.0], [3.0, 4.0]], "classifier.weight": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]],
+              "classifier.bias": [1.0, 2.0, -1.0]}
+PROX_REFERENCE = {"body.weight": [[0.5, 2.0], [1.0, 5.0]], "classifier.weight": [[0.0, 0.0], [0.0, 3.0], [1.0, -1.0]],
+                  "classifier.bias": [0.5, 2.0, 1.0]}
+
+
+def test_prox_defaults_are_fedproxs():
+    assert Prox.Params() == Prox.Params(mu=0.01, scope="model", reduction="sum")
+
+
+@pytest.mark.parametrize("scope, reduction, total", [
+    ("model", "sum", 5.25 + 9 + 4.25),
+    ("model", "mean", 5.25 / 4 + 9 / 6 + 4.25 / 3),           # per tensor (FedClassAvg's MSELoss)
+    ("classifier", "sum", 9 + 4.25),                          # the head only (FedClassAvg eq. 5)
+    ("classifier", "mean", 9 / 6 + 4.25 / 3),
+])
+def test_prox_against_a_non_zero_reference_by_scope_and_reduction(scope, reduction, total):
+    model = _set(TinyNet(), PROX_MODEL)
+    term = Prox(Prox.Params(mu=0.4, scope=scope, reduction=reduction))
+    term.start(model, _client(), 3, {"model": _state(_set(TinyNet(), PROX_REFERENCE))})
+    loss = term.loss(model, None, None, None, None)
+    assert loss.item() == pytest.approx(0.2 * total)
+    loss.backward()
+    for name, p in model.named_parameters():
+        if scope == "classifier" and name == "body.weight":
+            assert p.grad is None
+            continue
+        size = p.numel() if reduction == "mean" else 1
+        expected = 0.4 * (torch.tensor(PROX_MODEL[name]) - torch.tensor(PROX_REFERENCE[name])) / size
+        assert torch.allclose(p.grad, expected), name
+
+
+def test_prox_in_the_local_trainer_with_momentum_and_weight_decay():
+    """Features 0 and balanced labels with equal biases: the task loss has zero gradient, so two SGD steps
+    (lr 0.2, momentum 0.9, weight decay 0.1) move each parameter by prox's pull alone, by hand:
+    g_t = mu (w_t - r) + wd w_t, w_1 = w_0 - lr g_0, w_2 = w_1 - lr (m g_0 + g_1)."""
+    start = {**PROX_MODEL, "classifier.bias": [0.5, 0.5, 0.5]}
+    reference = {**PROX_REFERENCE, "classifier.bias": [-1.0, -1.0, -1.0]}
+    model = _set(TinyNet(), start)
+    me = Client(0, torch.zeros(3, 2), torch.tensor([0, 1, 2]), np.array([1, 1, 1]))
+    term = Prox(Prox.Params(mu=0.5))
+    term.start(model, me, 0, {"model": _state(_set(TinyNet(), reference))})
+    trainer = LocalTrainer(TrainConfig(lr=0.2, momentum=0.9, weight_decay=0.1, batch_size=3, local_epochs=2), seed=0)
+    out = trainer.train(model, me, 0, [term])
+    mu, lr, momentum, decay = 0.5, 0.2, 0.9, 0.1
+    prox_losses = [0.0, 0.0]                                       # mu / 2 ||w_t - r||^2 at each step
+    for name, p in model.named_parameters():
+        w0, r = torch.tensor(start[name], dtype=torch.float64), torch.tensor(reference[name], dtype=torch.float64)
+        g0 = mu * (w0 - r) + decay * w0
+        w1 = w0 - lr * g0
+        g1 = mu * (w1 - r) + decay * w1
+        assert torch.allclose(p.detach().double(), w1 - lr * (momentum * g0 + g1), atol=1e-6), name
+        prox_losses = [loss + 0.25 * ((w - r) ** 2).sum().item() for loss, w in zip(prox_losses, (w0, w1))]
+    # the reported loss: the mean over both steps of cross-entropy (uniform: log 3) plus the prox term
+    assert out == {"train_loss": pytest.approx(math.log(3) + sum(prox_losses) / 2, rel=1e-5), "steps": 2.0}
+
+
 def test_linear_term_adds_its_vector_to_the_gradient():
     model = nn.Linear(2, 1)
     with torch.no_grad():
@@ -84,6 +154,159 @@ def test_moon_without_projection_contrasts_the_features():
         model.body.weight.mul_(3.0)
     term.finish(model, client)
     assert torch.equal(client.state["moon.previous.body.weight"], 3 * torch.eye(2))
+
+
+def test_moon_carries_the_clients_previous_model_across_rounds():
+    """Round 3 starts from an earlier participation's model (body R, a quarter turn: z_prev is orthogonal
+    to z); finish() keeps the round's trained model (body -I), which round 5 contrasts against."""
+    quarter = torch.tensor([[0.0, -1.0], [1.0, 0.0]])
+    model, term = TinyNet(), Moon(Moon.Params(mu=0.5, temperature=0.5, projection=0))
+    glob = _state(model, **{"body.weight": torch.eye(2)})
+    client = _client()
+    other = torch.tensor([7.0])                                        # another term's state stays
+    earlier = _state(model, **{"body.weight": quarter})
+    client.state = {"other.c": other, **{f"moon.previous.{k}": v for k, v in earlier.items()}}
+    x = torch.tensor([[1.0, 2.0], [-3.0, 0.5]])
+    model.load_state_dict(glob)
+    term.start(model, client, 3, {"model": glob})
+    # cos(z, z_glob) = 1, cos(z, z_prev) = 0: mu * (log(e^{1/T} + e^0) - 1/T)
+    assert term.loss(model, x, None, model.features(x), None).item() == pytest.approx(0.5 * math.log(1 + math.exp(-2)))
+    with torch.no_grad():
+        model.body.weight.copy_(-torch.eye(2))                        # what local training left
+    term.finish(model, client)
+    assert torch.equal(client.state["moon.previous.body.weight"], -torch.eye(2)) and client.state["other.c"] is other
+    model.load_state_dict(glob)
+    term.start(model, client, 5, {"model": glob})
+    # cos(z, z_prev) = -1 now: mu * log(1 + e^{-2/T}), neither the stale previous model's value nor log 2
+    assert term.loss(model, x, None, model.features(x), None).item() == pytest.approx(0.5 * math.log(1 + math.exp(-4)))
+
+
+def test_moon_and_supcon_defaults_are_the_papers():
+    assert Moon.Params() == Moon.Params(mu=1.0, temperature=0.5, projection=256)
+    assert SupCon.Params() == SupCon.Params(weight=1.0, temperature=0.07, base_temperature=0.07, normalize=True)
+
+
+def test_moon_head_is_drawn_from_its_own_seed_and_leaves_torchs_generator_alone():
+    heads = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        model = TinyNet()
+        Moon.adapt(model, Moon.Params(projection=3), seed=4)
+        after = torch.rand(1)
+        torch.manual_seed(global_seed)
+        TinyNet()
+        assert torch.equal(torch.rand(1), after)                        # as if no head had been drawn
+        heads.append(model.classifier.state_dict())
+    assert {k: tuple(v.shape) for k, v in heads[0].items()} == {
+        "head.0.weight": (2, 2), "head.0.bias": (2,), "head.2.weight": (3, 2), "head.2.bias": (3,),
+        "out.weight": (3, 3), "out.bias": (3,)}
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])     # whatever torch's state was
+    other = TinyNet()
+    Moon.adapt(other, Moon.Params(projection=3), seed=5)
+    assert not torch.equal(other.classifier.head[0].weight, heads[0]["head.0.weight"])
+
+
+def test_moon_with_a_projection_refuses_a_model_without_the_head():
+    term = Moon(Moon.Params(projection=2))
+    with pytest.raises(HpcflError, match="moon: the model has no projection head.*or set projection = 0"):
+        term.start(TinyNet(), _client(), 0, {"model": _state(TinyNet())})
+
+
+def _supcon_by_hand(views, labels, temperature, base, weight, normalize):
+    """Khosla et al. eq. (2) written out over the 2N anchors, in plain Python."""
+    z, label = [v[0] for v in views] + [v[1] for v in views], labels + labels
+    if normalize:
+        z = [[a / math.sqrt(sum(b * b for b in v)) for a in v] for v in z]
+    total = 0.0
+    for i in range(len(z)):
+        s = [sum(a * b for a, b in zip(z[i], z[j])) / temperature for j in range(len(z))]
+        log_denominator = math.log(sum(math.exp(s[j]) for j in range(len(z)) if j != i))
+        positives = [j for j in range(len(z)) if j != i and label[j] == label[i]]
+        total -= sum(s[j] - log_denominator for j in positives) / len(positives)
+    return weight * temperature / base * total / len(z)
+
+
+def test_supcon_on_one_sample_per_class_in_closed_form():
+    # z = [e1, e2, e1, e2]: each anchor's one positive at similarity 1, two negatives at 0
+    features = torch.tensor([[[2.0, 0.0, 0.0], [3.0, 0.0, 0.0]], [[0.0, 0.5, 0.0], [0.0, 4.0, 0.0]]])
+    term = SupCon(SupCon.Params(weight=0.3, temperature=0.5, base_temperature=0.25))
+    loss = term.loss(None, None, torch.tensor([0, 1]), features, None)
+    assert loss.item() == pytest.approx(0.3 * 2 * (math.log(math.exp(2) + 2) - 2), rel=1e-6)
+
+
+@pytest.mark.parametrize("normalize, temperature, base", [(True, 0.5, 0.25), (False, 10.0, 0.07)])
+def test_supcon_matches_the_definition_with_several_positives(normalize, temperature, base):
+    views = [[[1.0, 2.0, 0.0], [0.5, 1.0, -1.0]], [[-1.0, 0.0, 2.0], [0.0, 1.0, 1.0]],
+             [[2.0, 1.0, 1.0], [1.0, -2.0, 0.5]]]
+    labels = [0, 1, 0]                                  # sample 0's views: 3 positives each; sample 1's: 1
+    term = SupCon(SupCon.Params(weight=0.7, temperature=temperature, base_temperature=base, normalize=normalize))
+    features = torch.tensor(views, requires_grad=True)
+    loss = term.loss(None, None, torch.tensor(labels), features, None)
+    assert loss.item() == pytest.approx(_supcon_by_hand(views, labels, temperature, base, 0.7, normalize), rel=1e-5)
+    loss.backward()
+    assert features.grad.abs().sum() > 0
+
+
+def test_feature_matching_defaults_are_fedfms():
+    for cls in (ContrastiveGuiding, L2Matching):
+        assert cls.Params() == cls.Params(weight=50.0, tau=0.1, start_round=20, anchor_weighting="samples")
+
+
+# features z (unnormalised) [3, 4] -> [0.6, 0.8] and [0, -2] -> [0, -1]; anchors [2, 0], [0, 5], [1, 1] ->
+# e1, e2, [1, 1] / sqrt 2; labels [1, 0]
+MATCH_Z, MATCH_Y = torch.tensor([[3.0, 4.0], [0.0, -2.0]]), torch.tensor([1, 0])
+MATCH_ANCHORS = {"anchors": {"anchors": torch.tensor([[2.0, 0.0], [0.0, 5.0], [1.0, 1.0]])}}
+
+
+def test_contrastive_guiding_is_cross_entropy_over_anchor_similarities_from_the_start_round():
+    term = ContrastiveGuiding(ContrastiveGuiding.Params(weight=2.0, tau=0.5, start_round=4))
+    term.start(None, _client(), 3, {})                             # before T_s: off, and no anchors needed
+    assert term.loss(None, None, MATCH_Y, MATCH_Z, None) is None
+    term.start(None, _client(), 4, MATCH_ANCHORS)
+    r = 1 / math.sqrt(2)
+    rows = [([0.6, 0.8, 1.4 * r], 1), ([0.0, -1.0, -r], 0)]      # cosine similarities and the label
+    ce = [math.log(sum(math.exp(s / 0.5) for s in sim)) - sim[label] / 0.5 for sim, label in rows]
+    assert term.loss(None, None, MATCH_Y, MATCH_Z, None).item() == pytest.approx(2.0 * sum(ce) / 2, rel=1e-6)
+
+
+def test_a_feature_matching_term_opens_its_rounds_with_fedfms_anchor_phase():
+    job = job_from_dict({"algorithm": {"name": "fedavg", "regularizers": {"fm_l2": {"start_round": 1}}},
+                         "data": {"num_clients": 2}, "train": {"clients_per_round": 2}})
+    setup = Setup.of(job, TinyNet(), np.ones((2, 3), dtype=np.int64))
+    algo = ALGORITHMS["fedavg"](algorithm_params("fedavg", {}), setup)
+    assert isinstance(algo.matching, L2Matching)
+    assert [p.name for p in algo.phases(0)] == [p.name for p in algo.plan(0)]        # before T_s: none
+    assert [p.name for p in algo.phases(1)] == [ANCHORS, *(p.name for p in algo.plan(1))]
+
+
+def test_l2_matching_is_the_mean_squared_distance_to_the_class_anchor():
+    term = L2Matching(L2Matching.Params(weight=3.0, start_round=0))
+    term.start(None, _client(), 0, MATCH_ANCHORS)
+    # [0.6, 0.8] - e2 = [0.6, -0.2]: 0.4; [0, -1] - e1: 2; the mean over 2 samples x 2 dimensions
+    assert term.loss(None, None, MATCH_Y, MATCH_Z, None).item() == pytest.approx(3.0 * 2.4 / 4)
+
+
+def test_supcon_gets_two_augmented_views_from_the_trainer():
+    class Recording(SupCon):
+        def loss(self, model, x, y, features, logits):
+            shapes.append(tuple(features.shape))
+            return super().loss(model, x, y, features, logits)
+
+    shapes = []
+    model = nn.Sequential()
+    model.features, model.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)), nn.Linear(3, 2)
+    me = Client(0, torch.randn(4, 1, 4, 4, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 0, 1]),
+                np.array([2, 2]))
+    trainer = LocalTrainer(TrainConfig(lr=0.1, batch_size=4), seed=0, normalization=((0.5,), (0.25,)))
+    trainer.train(model, me, 0, [Recording(SupCon.Params())])
+    assert shapes == [(4, 2, 3)]                                  # N x 2 views x d
+
+
+@pytest.mark.parametrize("cls", sorted(REGULARIZERS.values(), key=lambda c: c.name))
+def test_term_params_are_frozen(cls):
+    params = cls.Params()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(params, dataclasses.fields(params)[0].name, None)
 
 
 def _moon_net(bias, sign=1.0):
@@ -202,8 +425,21 @@ def test_fedrs_restricts_the_logits_with_or_without_the_bias(bias, expected):
     assert torch.allclose(model.classifier.bias.grad, bias_grad, atol=1e-7)
 
 
-def test_ntd_defaults_are_the_papers():
+@pytest.mark.parametrize("alpha, counts, scale", [
+    (0.0, (1, 0, 1), [1.0, 0.0, 1.0]),              # most frequent class seen once; alpha = 0 is allowed
+    (1.0, (4, 0, 2), [1.0, 1.0, 1.0]),              # alpha = 1: the plain softmax
+    (0.25, (0, 0, 0), [0.25, 0.25, 0.25]),          # a client without data: alpha everywhere, no 0 / 0
+])
+def test_fedrs_class_scale_at_the_edges(alpha, counts, scale):
+    term = RestrictedSoftmax(RestrictedSoftmax.Params(alpha=alpha))
+    term.start(TinyNet(), _client(counts=counts), 0, {})
+    assert torch.allclose(term.scale, torch.tensor(scale))
+
+
+def test_fedrs_and_ntd_defaults_are_the_papers():
+    assert RestrictedSoftmax.Params() == RestrictedSoftmax.Params(alpha=0.5, bias="scale")
     assert NotTrueDistillation.Params() == NotTrueDistillation.Params(beta=1.0, tau=1.0)
+    NotTrueDistillation.Params(beta=0.0)                    # beta = 0 switches the term off; allowed
 
 
 @pytest.mark.parametrize("beta, tau", [(1.0, 1.0), (2.0, 2.0)])
@@ -218,6 +454,19 @@ def test_ntd_distils_only_the_not_true_classes(beta, tau):
     s = math.log(1 + math.exp(-1 / tau))
     kl = math.log(0.5) + 0.5 * (1 / tau + 2 * s)
     assert loss.item() == pytest.approx(beta * kl, rel=1e-5)        # no tau^2, as the authors' NTD_Loss
+
+
+def test_ntd_softens_the_teachers_not_true_logits_by_tau_too():
+    model = TinyNet()
+    reference = _state(model, **{"classifier.weight": torch.zeros(3, 2),
+                                 "classifier.bias": torch.tensor([5.0, 1.0, 3.0])})
+    term = NotTrueDistillation(NotTrueDistillation.Params(beta=0.5, tau=2.0))
+    term.start(model, _client(), 0, {"model": reference})
+    loss = term.loss(model, torch.zeros(1, 2), torch.tensor([0]), None, torch.tensor([[1.0, 2.0, 3.0]]))
+    # not-true logits: teacher [1, 3] -> q = softmax([0.5, 1.5]), local [2, 3] -> p = softmax([1, 1.5])
+    q2, p2 = 1 / (1 + math.exp(-1.0)), 1 / (1 + math.exp(-0.5))
+    kl = (1 - q2) * math.log((1 - q2) / (1 - p2)) + q2 * math.log(q2 / p2)
+    assert loss.item() == pytest.approx(0.5 * kl, rel=1e-5)
 
 
 def test_ntd_at_the_defaults_on_a_batch_of_two():
@@ -254,6 +503,10 @@ def test_regularizers_are_configured_by_list_or_table():
     ({"regularizers": {"moon": {"temperature": 0.0}}}, "[algorithm.regularizers.moon]: temperature = 0.0 must be > 0"),
     ({"regularizers": {"moon": {"projection": -1}}}, "[algorithm.regularizers.moon]: projection = -1 must be >= 0"),
     ({"name": "moon", "params": {"projection": -2}}, "[algorithm.params]: projection = -2 must be >= 0"),
+    ({"regularizers": {"prox": {"scope": "head"}}}, "[algorithm.regularizers.prox]: scope = 'head'; choose 'model'"),
+    ({"regularizers": {"prox": {"reduction": "max"}}}, "[algorithm.regularizers.prox]: reduction = 'max'; choose"),
+    ({"regularizers": {"fm_cg": {"anchor_weighting": "x"}}}, "[algorithm.regularizers.fm_cg]: anchor_weighting = 'x'"),
+    ({"regularizers": {"fm_l2": {"anchor_weighting": "all"}}}, "[algorithm.regularizers.fm_l2]: anchor_weighting = "),
     ({"regularizers": {"ntd": {"tau": 0.0}}}, "[algorithm.regularizers.ntd]: tau = 0.0 must be > 0"),
     ({"name": "fedntd", "params": {"beta": -1.0}}, "[algorithm.params]: tau = 1.0 must be > 0 and beta = -1.0 >= 0"),
     ({"regularizers": {"fedrs": {"alpha": 1.5}}}, "[algorithm.regularizers.fedrs]: alpha = 1.5 must be in [0, 1]"),
@@ -262,6 +515,9 @@ def test_regularizers_are_configured_by_list_or_table():
     ({"name": "fedka", "params": {"weight": -0.1}}, "[algorithm.params]: weight = -0.1 must be >= 0"),
     ({"name": "fedka", "params": {"size": 0}}, "[algorithm.params]: size = 0 must be >= 1"),
     ({"name": "fedka", "params": {"gamma": 1.5}}, "gamma = 1.5 in [0, 1]"),
+    ({"regularizers": {"ka": {"gamma": -0.1}}}, "[algorithm.regularizers.ka]: size = 10 must be >= 1 and gamma = -0.1"),
+    ({"regularizers": {"fedrs": {"alpha": -0.1}}}, "[algorithm.regularizers.fedrs]: alpha = -0.1 must be in [0, 1]"),
+    ({"regularizers": {"ntd": {"tau": -1.0}}}, "[algorithm.regularizers.ntd]: tau = -1.0 must be > 0"),
     ({"name": "fedka", "params": {"classes": "dominant"}}, "[algorithm.params]: classes = 'dominant'; choose"),
     ({"name": "fedprox", "regularizers": ["prox"]}, "already includes the 'prox' term"),
     ({"name": "feddyn", "params": {"alpha": 0.0}}, "alpha = 0.0 must be > 0"),
@@ -279,6 +535,9 @@ def test_bad_regularizer_config_is_named(algorithm, message):
     ({"algorithm": {"name": "scaffold"}, "train": {"optimizer": "adam"}}, "'scaffold' needs train.optimizer = \"sgd\""),
     ({"algorithm": {"name": "fednova"}, "train": {"optimizer": "adam"}}, "'fednova' needs train.optimizer"),
     ({"algorithm": {"name": "local_only"}}, "set data.local_test_ratio (e.g. 0.3)"),
+    ({"algorithm": {"regularizers": ["fm_cg", "fm_l2"]}}, "algorithm.regularizers has ['fm_cg', 'fm_l2']: use one"),
+    ({"algorithm": {"regularizers": ["prox", "moon"]}, "run": {"placement": "per_round"}},
+     "run.placement = 'per_round' deals each round's clients to any worker"),      # MOON keeps the previous model
     ({"algorithm": {"name": "ensemble"}, "data": {"num_clients": 8}, "train": {"clients_per_round": 4}}, "train.clients_per_round = data.num_clients (8)"),
     ({"algorithm": {"name": "ensemble", "regularizers": ["fm_cg"]}, "data": {"num_clients": 8},
       "train": {"clients_per_round": 8}}, "no global model to compute FedFM's anchors with"),

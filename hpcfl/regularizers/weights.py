@@ -7,7 +7,7 @@
 """
 from dataclasses import dataclass
 
-from hpcfl.regularizers.base import Regularizer
+from hpcfl.regularizers.base import Regularizer, Tensors
 
 
 class Prox(Regularizer):
@@ -43,10 +43,10 @@ class Linear(Regularizer):
     FedDyn's -grad): its gradient adds v to every step's gradient. Not selectable by name."""
 
     name = "linear"
+    vector: Tensors               # set by the algorithm before each local training
 
     def __init__(self):
         super().__init__(None)
-        self.vector: Tensors = {}
 
     def loss(self, model, x, y, features, logits):
         return sum((self.vector[n] * p).sum() for n, p in model.named_parameters())

@@ -10,6 +10,7 @@ Algorithms never see this layer; the runtime turns declared payloads into these 
 - `exchange`: client-to-client buffers, each receiver getting its source's (FedCME's classifier swap:
   both directions of each pair; many-to-one matching: one source may feed several receivers).
 """
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ class TransportStats:
     wait_s: float = 0.0                                                           # blocked in collectives
 
 
-class Transport:
+class Transport(ABC):
     rank: int = 0
     size: int = 1
     round: int = -1             # the round in progress (-1: set-up), set by the round loop; for messages
@@ -43,32 +44,32 @@ class Transport:
         stats, self.stats = self.stats, TransportStats()
         return stats
 
+    @abstractmethod
     def broadcast(self, name: str, array: np.ndarray | None) -> np.ndarray:
         """The server's flat (1-D) `array` on every rank, dtype kept (read-only: it may be shared in one process)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reduce_sum(self, name: str, array: np.ndarray) -> np.ndarray | None:
         """Element-wise float64 sum of every rank's `array` (same size everywhere) on the server."""
-        raise NotImplementedError
 
+    @abstractmethod
     def gather(self, name: str, items: dict[int, np.ndarray]) -> dict[int, np.ndarray] | None:
         """Per-client buffers of every rank, collected on the server (None elsewhere)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def scatter(self, name: str, items: dict[int, np.ndarray] | None, clients: list[int]) -> dict[int, np.ndarray]:
         """Server's `items[c]` delivered to the rank hosting client c; `clients` are this rank's receivers."""
-        raise NotImplementedError
 
+    @abstractmethod
     def exchange(self, name: str, sources: dict[int, int], items: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         """Receiver r gets the buffer of client `sources[r]`. Every rank passes the same `sources`;
         `items` holds the buffers of this rank's clients that appear in it, receivers included (what
         a receiver gets has the size of its own buffer)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def share(self, info: dict) -> list[dict]:
         """Every rank's small `info` dict (host, device, setup error, checkpoint file digests), in rank
         order: bookkeeping at set-up and checkpoints, never payloads."""
-        raise NotImplementedError
 
     def close(self) -> None:
         pass

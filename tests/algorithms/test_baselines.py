@@ -1,5 +1,7 @@
 """FedAvgM, SCAFFOLD, FedNova, FedDyn, local-only, the ensemble and FedFM-Lite against hand-computed
 numbers, on a one-scalar model (w) so that every update rule can be read off; their configuration rules."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -299,3 +301,17 @@ def test_fedfm_lite_clients_send_anchors_of_the_model_they_just_trained():
     anchors = algo.anchor_state(state)
     assert anchors["anchors"][:, 0].tolist() == pytest.approx([(2.0 + 9.0) / 2, 4.0])
     assert anchors["known"].tolist() == [1.0, 1.0]
+
+
+def test_fedavgm_parameter_boundaries():
+    from hpcfl.algorithms import algorithm_params
+
+    params = algorithm_params("fedavgm", {"server_momentum": 0.0, "server_lr": 0.0})
+    assert params.server_momentum == 0.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.server_lr = 1.0
+    for bad, message in (({"server_momentum": -0.1}, "server_momentum = -0.1"),
+                         ({"server_momentum": 1.0}, "server_momentum = 1.0"),
+                         ({"server_lr": -0.01}, "server_lr = -0.01")):
+        with pytest.raises(ConfigError, match=message):
+            algorithm_params("fedavgm", bad)

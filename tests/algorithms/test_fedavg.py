@@ -158,3 +158,24 @@ def test_shared_init_runs_as_before_and_independent_sends_no_model_in_round_0(ti
     first = [np.nan_to_num(arrays["client/train_loss"][0]) for arrays in (independent, default)]
     assert not np.allclose(*first)
     assert np.isfinite(independent["round/test_acc"]).all()
+
+
+def test_which_algorithms_may_move_clients_and_train_them_together():
+    """The README lists them: clients of these keep no state between rounds (placement 'auto' deals
+    them per round), and these train their clients as one batched computation."""
+    from hpcfl.algorithms import ALGORITHMS
+
+    assert {n for n, cls in ALGORITHMS.items() if cls.stateless} == {
+        "fedavg", "fedavgm", "fedprox", "fednova", "fedrs", "fedntd", "fedfm", "fedka"}
+    assert {n for n, cls in ALGORITHMS.items() if cls.batched} == {"fedavg", "fedavgm", "fednova"}
+
+
+def test_a_presets_own_term_comes_first_and_is_seeded_by_the_run():
+    from hpcfl.algorithms import ALGORITHMS, algorithm_params
+    from hpcfl.algorithms.base import Setup
+
+    job = job_from_dict({"run": {"seed": 7}, "algorithm": {"name": "fedrs", "regularizers": ["prox"]}})
+    fedrs = ALGORITHMS["fedrs"](algorithm_params("fedrs", {}),
+                                Setup.of(job, nn.Linear(2, 2), np.ones((20, 2), dtype=np.int64)))
+    assert [t.name for t in fedrs.regularizers] == ["fedrs", "prox"]
+    assert [t.seed for t in fedrs.regularizers] == [7, 7]

@@ -1,6 +1,7 @@
 """FedClassAvg and FedProto (personalised, heterogeneous clients) against hand-computed numbers, and
 their terms (SupCon, the classifier-only proximal term) against direct formulas; FedClassAvg as its
 authors ran it (warm-up, temperature 100 on unnormalised pre-activation features)."""
+import dataclasses
 import math
 
 import numpy as np
@@ -267,3 +268,31 @@ def test_the_authors_setting_learns_on_heterogeneous_clients(tiny_job, tmp_path)
     counts = arrays["partition"]
     majority = float(np.mean(counts.max(1) / counts.sum(1)))           # about 0.32 on this split
     assert arrays["round/personal_acc_mean"][-1] > majority + 0.15, (arrays["round/personal_acc_mean"], majority)
+
+
+PERSONAL = {"data": {"local_test_ratio": 0.3}}
+
+
+def test_fedclassavg_defaults_and_rules_name_their_keys():
+    from hpcfl.algorithms import ALGORITHMS, algorithm_params
+
+    params = algorithm_params("fedclassavg", {})
+    assert (params.rho, params.temperature, params.base_temperature, params.normalize) == (0.1, 0.07, 0.07, True)
+    assert (params.share, params.warmup_epochs) == ("classifier", 0)
+    with pytest.raises(ConfigError, match="share = 'some'"):
+        algorithm_params("fedclassavg", {"share": "some"})
+    with pytest.raises(ConfigError, match="already has its supcon"):
+        job_from_dict({"algorithm": {"name": "fedclassavg", "regularizers": ["prox"]}, **PERSONAL})
+    with pytest.raises(ConfigError, match="one feature-matching term"):          # the base rules still run
+        job_from_dict({"algorithm": {"name": "fedclassavg", "regularizers": ["fm_cg", "fm_l2"]}, **PERSONAL})
+    with pytest.raises(ConfigError, match="share = 'all' averages whole models"):
+        job_from_dict({"algorithm": {"name": "fedclassavg", "params": {"share": "all"}},
+                       "model": {"architectures": ["fmnist_cnn", "fmnist_cnn_narrow"]}, **PERSONAL})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.rho = 1.0
+    from hpcfl.algorithms.base import Setup
+
+    job = job_from_dict({"algorithm": {"name": "fedclassavg", "regularizers": ["fedrs"]}, **PERSONAL})
+    net = build_model("fmnist_cnn", (1, 8, 8), 10)
+    algorithm = ALGORITHMS["fedclassavg"](params, Setup.of(job, net, np.ones((20, 10), dtype=np.int64)))
+    assert [t.name for t in algorithm.regularizers] == ["supcon", "prox", "fedrs"]     # its own terms, then the job's

@@ -28,6 +28,14 @@ def test_class_categories_follow_definition_1():
     assert class_categories(COUNTS, 0.6)[1].tolist() == [True, True, False, False, True]   # nothing dominant
 
 
+def test_class_categories_at_the_threshold_and_on_tiny_clients():
+    dominant, non_dominant, missing = class_categories([2, 1, 1, 0], 0.25)    # shares 0.5, 0.25, 0.25, 0
+    assert dominant.tolist() == [True, True, True, False]                   # a share of exactly gamma dominates
+    assert not non_dominant.any() and missing.tolist() == [False, False, False, True]
+    assert class_categories([0, 1, 0], 0.6)[0].tolist() == [False, True, False]   # one sample: share 1
+    assert class_categories([0, 0], 0.5)[2].tolist() == [True, True]        # no data: all missing, no 0 / 0
+
+
 def _client():
     me = client(3, samples=100)
     me.class_counts = COUNTS
@@ -42,7 +50,7 @@ def test_anchor_holds_shared_samples_of_missing_and_own_samples_of_non_dominant_
     term = KnowledgeAnchor(KnowledgeAnchor.Params(gamma=0.1, classes=classes))
     term.seed = 7
     x, y = term.anchor(_client(), round=2)
-    assert sorted(y.tolist()) == expected
+    assert sorted(y.tolist()) == expected and x.shape == (len(expected), 2)      # one sample per class
     for row, label in zip(x, y.tolist()):
         if label in (2, 3):
             assert row[0].item() == -(label + 1)                     # the shared sample of that class
@@ -50,6 +58,32 @@ def test_anchor_holds_shared_samples_of_missing_and_own_samples_of_non_dominant_
             assert 50 <= row[0].item() < 53                          # one of the client's own class-1 samples
     again, _ = term.anchor(_client(), round=2)
     assert torch.equal(x, again)                                     # seeded by (seed, round, client)
+
+
+def _client_with(counts):
+    me = _client()
+    me.class_counts = np.array(counts)
+    me.y = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return me
+
+
+def test_default_gamma_is_a_uniform_share():
+    term = KnowledgeAnchor(KnowledgeAnchor.Params())                 # gamma 0: 1 / 5 classes
+    dominant, non_dominant, missing = term.categories(_client_with([30, 3, 0, 0, 67]))   # shares 0.3, 0.03, 0, 0, 0.67
+    assert dominant.tolist() == [True, False, False, False, True]
+    assert non_dominant.tolist() == [False, True, False, False, False]
+    assert missing.tolist() == [False, False, True, True, False]
+
+
+@pytest.mark.parametrize("counts, classes", [([60, 0, 0, 0, 40], "non_dominant"), ([20, 20, 20, 20, 20], "all")])
+def test_a_client_with_nothing_to_anchor_gets_no_term(counts, classes):
+    """At gamma 1/5 every class is dominant, or dominant or missing with classes = non_dominant: T is empty
+    and the term is off (no crash on an empty T)."""
+    model = nn.Linear(2, 5)
+    term = KnowledgeAnchor(KnowledgeAnchor.Params(classes=classes))
+    term.start(model, _client_with(counts), 4, {"model": model.state_dict()})
+    assert term.x.shape == (0, 2)
+    assert term.loss(model, None, None, None, None) is None
 
 
 def test_anchor_is_down_sampled_to_size():
@@ -74,7 +108,9 @@ def test_knowledge_anchor_loss_drops_dominant_logits_and_reduces_as_configured(r
 
 
 def test_knowledge_anchor_defaults_to_the_element_wise_mean():
-    assert KnowledgeAnchor.Params().reduction == "mean" and KnowledgeAnchor.Params().weight == 0.1
+    assert KnowledgeAnchor.Params() == KnowledgeAnchor.Params(weight=0.1, size=10, gamma=0.0, classes="all",
+                                                              reduction="mean")
+    KnowledgeAnchor.Params(weight=0.0, size=1, gamma=1.0)           # the edges of each range are allowed
 
 
 class BatchNormNet(nn.Module):

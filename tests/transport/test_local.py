@@ -85,3 +85,20 @@ def test_nothing_travels_so_counters_stay_zero(transport):
     assert sum(stats.sent.values()) == 0 and sum(stats.received.values()) == 0
     fresh = transport.take_stats()
     assert fresh is not stats and dict(fresh.sent) == {} and fresh.wait_s == 0.0
+
+
+def test_a_fresh_transport_is_in_set_up_and_waits_forever_and_the_contract_is_abstract():
+    from hpcfl.transport.base import Transport
+
+    transport = LocalTransport({})
+    assert transport.round == -1 and transport.timeout_s == 0.0    # "failed in set-up"; 0: no round timeout
+    with pytest.raises(TypeError, match="abstract"):
+        Transport({})                                              # a transport must implement every collective
+
+
+def test_in_memory_delivery_reaches_only_receivers_hosted_here_whose_source_sent():
+    from hpcfl.transport.base import deliver_in_memory
+
+    items = {1: np.array([1.0]), 2: np.array([2.0])}
+    got = deliver_in_memory({1: 2, 2: 1, 3: 1, 4: 9}, items, hosted=lambda r: r in (1, 3, 4))
+    assert sorted(got) == [1, 3] and got[1][0] == 2.0 and got[3][0] == 1.0   # 2 hosted elsewhere, 9 sent nothing
