@@ -55,7 +55,7 @@ MODULES = {
     "algorithms/fedavgm": ["tests/algorithms/test_baselines.py", "tests/test_regularizers.py",
                            "tests/algorithms/test_fedavg.py"],
     "algorithms/scaffold": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_scaffold.py"],
-    "algorithms/fednova": ["tests/algorithms/test_baselines.py"],
+    "algorithms/fednova": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_fedavg.py"],
     "algorithms/feddyn": ["tests/algorithms/test_baselines.py"],
     "algorithms/fedfm_lite": ["tests/algorithms/test_baselines.py", "tests/test_anchors.py"],
     "algorithms/fedclassavg": ["tests/algorithms/test_fedclassavg.py"],

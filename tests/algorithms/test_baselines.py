@@ -315,3 +315,12 @@ def test_fedavgm_parameter_boundaries():
                          ({"server_lr": -0.01}, "server_lr = -0.01")):
         with pytest.raises(ConfigError, match=message):
             algorithm_params("fedavgm", bad)
+
+
+def test_feddyn_default_alpha_is_the_documented_one_and_params_are_frozen():
+    from hpcfl.algorithms import algorithm_params
+
+    params = algorithm_params("feddyn", {})
+    assert params.alpha == 0.01                     # README: `alpha` (0.01)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.alpha = 0.1

@@ -100,3 +100,14 @@ def test_without_momentum_the_control_variate_is_the_papers_number_for_number():
     y = model.classifier.weight.detach()
     assert torch.equal(me.state["control.classifier.weight"], c_i - c + (x - y) * (1.0 / (float(STEPS) * LR)))
 
+
+
+def test_scaffold_params_default_to_the_papers_server_step_and_are_frozen():
+    import dataclasses
+
+    from hpcfl.algorithms import algorithm_params
+
+    params = algorithm_params("scaffold", {})
+    assert params.server_lr == 1.0                  # eta_g = 1: x <- mean of the y_i (Algorithm 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.server_lr = 0.5
