@@ -54,7 +54,7 @@ class FedFMLite(FedAvg):
     def __init__(self, params, setup):
         super().__init__(params, setup)
         self.anchor_down, self.anchor_up = anchor_layouts(setup.num_classes, setup.feature_dim)
-        self.latest, self.latest_round = None, -1       # worker side: the latest global model received
+        self.latest = None       # worker side: the latest global model received
 
     def plan(self, round):
         every, last = self.params.model_every, self.setup.job.run.rounds - 1
@@ -67,11 +67,12 @@ class FedFMLite(FedAvg):
 
     def receive(self, phase, round, downlink):
         if "model" in downlink:
-            self.latest, self.latest_round = downlink["model"], round
+            self.latest = downlink["model"]
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         own = {k[len(LOCAL):]: v for k, v in client.state.items() if k.startswith(LOCAL)}
-        fresh = not own or int(client.state[BASE]) != self.latest_round
+        base = round - round % self.params.model_every         # the latest model round: a resumed run knows it too
+        fresh = not own or int(client.state[BASE]) != base
         start = self.latest if fresh else own
         self.start_from(model, client, start)
         metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
@@ -84,7 +85,7 @@ class FedFMLite(FedAvg):
             contributions["model"] = ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples))
         else:                          # keep training this model until the next global one
             client.state.update({LOCAL + k: v.detach().clone() for k, v in model.state_dict().items()})
-            client.state[BASE] = torch.tensor(self.latest_round)
+            client.state[BASE] = torch.tensor(base)
         return contributions, metrics
 
     def aggregate(self, phase, round, server_state, uplink):

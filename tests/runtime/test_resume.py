@@ -66,6 +66,20 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_redoes_later_rounds(t
     assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(path), exact=True)
 
 
+def test_fedfm_lite_resumes_between_model_rounds_to_the_uninterrupted_metrics(tmp_path, capsys):
+    """Models go out at rounds 0 and 4 only: a run resumed at round 2 continues each client's own model
+    (it used to start them from a global model the resumed workers never received, and crash)."""
+    job = tmp_path / "lite.toml"
+    job.write_text(JOB.replace("clients_per_round = 4", "clients_per_round = 6") + '[algorithm]\nname = "fedfm_lite"\n'
+                   'params = { model_every = 4, start_round = 1, weight = 1.0 }\n')
+    assert main(_args(job, tmp_path, "full")) == 0
+    assert _interrupt(job, tmp_path, "cut", 3, signal.SIGKILL) == -signal.SIGKILL
+    assert main(_args(job, tmp_path, "cut")) == 0
+    assert "resuming after round 2 " in capsys.readouterr().out
+    path = tmp_path / "results" / "resume" / "cut.h5"
+    assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(path), exact=True)
+
+
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
     job = _job(tmp_path)
     assert main(_args(job, tmp_path, "full")) == 0
