@@ -30,7 +30,8 @@ def _job(algorithm: str, root: str, name: str, *overrides: str):
                  "validation_fraction": 0.2, "local_test_ratio": 0.3},
         "train": {"clients_per_round": 6 if everyone else 4, "batch_size": 16, "lr": 0.05, "momentum": 0.5,
                   "local_epochs": 2 if algorithm == "fedcme" else 1},      # FedCME swaps after epoch 1
-        "model": {"architectures": ["fmnist_cnn_narrow", "fmnist_cnn"] if algorithm in HETEROGENEOUS else []},
+        "model": {"architectures": ["fmnist_cnn_narrow", "fmnist_cnn"] if algorithm in HETEROGENEOUS else [],
+                  "params": {"preactivation": algorithm == "fedclassavg"}},       # the authors' features
         "algorithm": {"name": algorithm, "params": PARAMS.get(algorithm, {})},
         "eval": {"every": 2, "forgetting": algorithm == "fedka"}}
     return job_from_dict(apply_overrides(raw, list(overrides)))
