@@ -21,6 +21,8 @@ from hpcfl.errors import ConfigError
 class RunConfig:
     study: str = "default"          # results go to <results_root>/<study>/<name>.h5
     name: str = ""                  # default: <algorithm>-<partition>-seed<seed>
+    arm: str = ""                   # the compared method this run belongs to ([sweep.arms]); analyze compare
+                                    # --baseline run.arm=NAME pairs the arms however many keys each sets
     seed: int = 0
     rounds: int = 10
     results_root: str = "results"
@@ -42,6 +44,8 @@ class DataConfig:
     partition: str = "iid"
     partition_params: dict = field(default_factory=dict)
     min_samples: int = 10
+    train_samples: int = 0             # > 0: partition a random subset of this many training samples with the
+                                       # training set's class mix (a CPU-sized study), drawn with data.seed
     validation_fraction: float = 0.0   # hold out this share of each client's data (FedFM: 0.2)
     local_test_ratio: float = 0.0      # per-client test set, label mix of the client, size ratio x train (FedClassAvg: 0.3)
     seed: int = -1                     # fixes the split, its validation and local test sets (and FedKA's shared set)
@@ -146,7 +150,7 @@ CHOICES = {
 }
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
-NON_NEGATIVE = {"run.seed", "data.min_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio",
+NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio",
                 "run.checkpoint_every", "run.round_timeout_s", "train.batched_clients"}
 # Keys that cannot change a run's numbers: a run may resume with other values, and the analysis never
 # groups or pairs runs by them.

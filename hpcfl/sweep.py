@@ -1,12 +1,19 @@
-"""Sweeps: one job file, a grid over any config keys times seeds, one run (and result file) per point.
+"""Sweeps: one job file, arms times a grid over any config keys times seeds, one run (and result file) per point.
 
     [sweep]
     seeds = [0, 1, 2]                                       # run.seed, innermost
-    grid = { "algorithm.name" = ["fedavg", "fedprox"], "data.partition_params.beta" = [0.1, 0.5] }
+    grid = { "data.partition_params.beta" = [0.1, 0.5] }    # every combination of these values
 
-expands, keys in the order written and seeds last, into points 0..N-1; point i is the job with those
-keys set, run.seed set, and run.name = `<run.name or "sweep">-<value>-<value>-seed<seed>` (so every
-point writes its own result file, and a re-submitted sweep skips the points already complete):
+    [sweep.arms.FedAvg]                                     # optional: the compared methods, outermost; each
+    "algorithm.name" = "fedavg"                             # sets its keys together and run.arm = its name
+    [sweep.arms.FedProx]
+    "algorithm.name" = "fedprox"
+    "algorithm.params" = { mu = 0.01 }
+
+expands, arms first, grid keys in the order written and seeds last, into points 0..N-1; point i is the
+job with those keys set, run.seed set, and run.name = `<run.name or "sweep">-<arm>-<value>-<value>-seed<seed>`
+(so every point writes its own result file, and a re-submitted sweep skips the points already
+complete). Arms share seeds, so `analyze compare --baseline run.arm=FedAvg` pairs them:
 
     python -m hpcfl.sweep JOB --list                       # the points, with their indices
     [mpiexec] python -m hpcfl.sweep JOB [--index I] [hpcfl.launch options]
@@ -42,12 +49,26 @@ def _label(value) -> str:
     return "".join(ch if ch.isalnum() or ch in ".+-_" else "_" for ch in text)
 
 
+def _arms(sweep: dict, grid: dict) -> dict[str, dict]:
+    arms = sweep.get("arms", {"": {}})
+    if not isinstance(arms, dict) or not arms or not all(isinstance(a, dict) for a in arms.values()):
+        raise ConfigError('sweep.arms must be tables of config keys, e.g. [sweep.arms.FedAvg] "algorithm.name" = "fedavg"')
+    for label, keys in arms.items():
+        if label != _label(label) or "run.arm" in keys:
+            raise ConfigError(f"sweep.arms.{label}: an arm's name is made of letters, digits and .+-_ and sets run.arm "
+                              "itself")
+        if set(keys) & set(grid):
+            raise ConfigError(f"sweep.arms.{label} sets {sorted(set(keys) & set(grid))}, which sweep.grid varies too; "
+                              "set each key in one place")
+    return arms
+
+
 def points(raw: dict) -> list[list[str]]:
     """The sweep's points, each as the --set overrides that make it."""
     sweep = raw.get("sweep")
-    if not isinstance(sweep, dict) or set(sweep) - {"grid", "seeds"}:
-        raise ConfigError("[sweep] must be a table with `grid` (a table: config key -> list of values) and/or "
-                          "`seeds` (a list of integers)")
+    if not isinstance(sweep, dict) or set(sweep) - {"grid", "seeds", "arms"}:
+        raise ConfigError("[sweep] must be a table with `grid` (a table: config key -> list of values), `seeds` (a "
+                          "list of integers) and/or `arms` (tables: arm name -> config keys it sets)")
     grid, seeds = sweep.get("grid", {}), sweep.get("seeds", [raw.get("run", {}).get("seed", 0)])
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError("sweep.grid must map each config key to a non-empty list of values, "
@@ -56,10 +77,11 @@ def points(raw: dict) -> list[list[str]]:
         raise ConfigError(f"sweep.seeds must be a non-empty list of integers, got {seeds!r}")
     base = raw.get("run", {}).get("name") or "sweep"
     out = []
-    for values in itertools.product(*grid.values(), seeds):
+    for (arm, keys), *values in itertools.product(_arms(sweep, grid).items(), *grid.values(), seeds):
         *chosen, seed = values
-        name = "-".join([base, *(_label(v) for v in chosen), f"seed{seed}"])
-        out.append([*(f"{k}={toml_value(v)}" for k, v in zip(grid, chosen)), f"run.seed={seed}",
+        name = "-".join([base, *([arm] if arm else []), *(_label(v) for v in chosen), f"seed{seed}"])
+        sets = {**keys, **({"run.arm": arm} if arm else {}), **dict(zip(grid, chosen))}
+        out.append([*(f"{k}={toml_value(v)}" for k, v in sets.items()), f"run.seed={seed}",
                     f"run.name={json.dumps(name)}"])
     return out
 

@@ -3,6 +3,7 @@ by SLURM array task id, writes its own result file, and is skipped once complete
 import pytest
 
 from hpcfl.config import read_job_file
+from hpcfl.errors import ConfigError
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
 from hpcfl.sweep import main, points
@@ -71,3 +72,30 @@ def test_bad_sweeps_and_direct_launches_are_refused_by_name(job, tmp_path, capsy
     bad.write_text(SWEEP.replace('seeds = [0, 1]', 'seeds = "0"'))
     assert main([str(bad), "--list"]) == 2
     assert "sweep.seeds" in capsys.readouterr().err
+
+
+ARMS = {"FedAvg": {"algorithm.name": "fedavg"}, "FedProx": {"algorithm.name": "fedprox", "algorithm.params": {"mu": 0.01}}}
+
+
+def test_arms_set_their_keys_together_outermost_and_label_the_run(job):
+    raw = read_job_file(job)
+    raw["sweep"] = {"seeds": [0, 1], "grid": {"data.partition_params.beta": [0.1, 0.5]}, "arms": ARMS}
+    todo = points(raw)
+    assert len(todo) == 8
+    assert todo[0] == ['algorithm.name="fedavg"', 'run.arm="FedAvg"', "data.partition_params.beta=0.1", "run.seed=0",
+                       'run.name="sweep-FedAvg-0.1-seed0"']
+    assert todo[4] == ['algorithm.name="fedprox"', "algorithm.params={mu = 0.01}", 'run.arm="FedProx"',
+                       "data.partition_params.beta=0.1", "run.seed=0", 'run.name="sweep-FedProx-0.1-seed0"']
+    assert todo[7][-1] == 'run.name="sweep-FedProx-0.5-seed1"'
+
+
+@pytest.mark.parametrize("arms, message", [
+    ({"FedAvg": {"data.partition_params.beta": 0.1}}, "which sweep.grid varies too"),
+    ({"Fed Avg": {"algorithm.name": "fedavg"}}, "letters, digits"),
+    ({"FedAvg": {"run.arm": "x"}}, "sets run.arm itself"),
+    ({"FedAvg": "fedavg"}, "tables of config keys")])
+def test_bad_arms_are_refused_by_name(job, arms, message):
+    raw = read_job_file(job)
+    raw["sweep"] = {"seeds": [0], "grid": {"data.partition_params.beta": [0.1]}, "arms": arms}
+    with pytest.raises(ConfigError, match=message):
+        points(raw)

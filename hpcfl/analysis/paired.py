@@ -1,7 +1,8 @@
 """Paired comparisons: does arm A beat the baseline B, by how much, and can these runs tell?
 
-Runs are paired when they differ only in the compared key: the same values of every other key that
-varies and the same seeds (run.seed and the split's data.seed). Pairing removes what the seed does to
+Runs are paired when they differ only in the compared arm: the same values of every other key that
+varies within an arm (a grid key; a key fixed within each arm, such as algorithm.name across
+run.arm's arms, describes the arm) and the same seeds (run.seed and the split's data.seed). Pairing removes what the seed does to
 both arms alike (the split, the initialisation, the cohorts), which for FL on non-IID splits is often
 larger than the effect under study. Per group and arm the table gives the paired differences' mean,
 std and number n, a 95 % t-interval for the mean, and a verdict: `better` or `worse` when the interval
@@ -66,7 +67,10 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
                           "#value": [statistic(results.series[p], stat, metric, last, target) for p in runs["path"]]})
     if not (runs["#arm"] == str(reference)).any():
         raise ValueError(f"no run has {key} = {reference}; values: {sorted(runs['#arm'].unique())}")
-    groups = [k for k in (by or varying_keys(results.runs)) if k != key]
+    arm_of = runs.groupby("#arm")
+    groups = by or [k for k in varying_keys(results.runs)      # a key fixed within every arm describes the arm
+                    if k != key and not (arm_of[k].agg(lambda v: v.astype(str).nunique(dropna=False)) == 1).all()]
+    groups = [k for k in groups if k != key]
     higher_is_better = not metric.endswith("loss")          # an accuracy, or a speed-up
     null = 1.0 if stat == "rounds" else 0.0
     rows, unpaired = [], []

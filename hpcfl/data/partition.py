@@ -338,6 +338,21 @@ def count_matrix(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
     return flat.reshape(len(parts), num_classes).astype(np.int64)
 
 
+def training_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """A sorted random subset of `size` training-sample indices with the training set's class mix
+    (each class's count apportioned within one of exact), drawn from the "subset" generator of the
+    split's seed: a CPU-sized study scales the data down without changing what the partition sees."""
+    labels = np.asarray(labels)
+    if not (_is_int(size) and 0 < size <= len(labels)):
+        raise ConfigError(f"data.train_samples = {size!r}: must be an integer in 1..{len(labels)} (the training "
+                          "set's size), or 0 for all of it")
+    classes, counts = np.unique(labels, return_counts=True)
+    rng = numpy_rng(seed, "subset")
+    picked = [rng.choice(np.flatnonzero(labels == k), n, replace=False)
+              for k, n in zip(classes, _apportion(size, counts))]
+    return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
 def validation_split(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(train, validation) per client: round(fraction * size) random samples held out (FedFM: 0.2).
 

@@ -21,7 +21,8 @@ from hpcfl.batched import BatchedTrainer
 from hpcfl.config import JobConfig, model_params
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import count_matrix, local_test_sets, partition, shared_set, validation_split
+from hpcfl.data.partition import (count_matrix, local_test_sets, partition, shared_set, training_subset,
+                                  validation_split)
 from hpcfl.errors import ConfigError, HpcflError, TrainingFault
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, model_options
@@ -116,8 +117,12 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     validating = config.data.validation_fraction > 0          # the server then tests on the held-out samples too
     data = load_dataset(config.data.dataset, root, train_images=transport.rank in workers or validating)
     labels = data.train_y.numpy()
-    parts = partition(labels, config.data.num_clients, config.data.partition, config.data.partition_params,
-                      config.data_seed, config.data.min_samples, data.groups)
+    pool = np.arange(len(labels))           # the samples the clients share out: all, or a class-stratified subset
+    if config.data.train_samples:
+        pool = training_subset(labels, config.data.train_samples, config.data_seed)
+    parts = [pool[p] for p in partition(labels[pool], config.data.num_clients, config.data.partition,
+                                        config.data.partition_params, config.data_seed, config.data.min_samples,
+                                        None if data.groups is None else np.asarray(data.groups)[pool])]
     val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
     if config.data.validation_fraction > 0:
         parts, val_parts = validation_split(parts, config.data.validation_fraction, config.data_seed)

@@ -307,3 +307,16 @@ def test_compare_keeps_runs_whose_grouping_key_is_missing(tmp_path):
     table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
     assert unpaired == [] and list(table["n"]) == [2, 2]
     assert sorted(table["effect_mean"]) == [pytest.approx(-0.15), pytest.approx(0.15)]
+
+
+def test_compare_pairs_sweep_arms_that_set_several_keys_within_each_grid_value(tmp_path):
+    for beta, shift in ((0.1, 0.02), (0.5, -0.03)):
+        for seed, base in enumerate([0.5, 0.6, 0.7]):
+            _write(tmp_path, "fedavg", beta, seed, [0.1, base], run={"arm": "FedAvg"})
+            _write(tmp_path, "fedcme", beta, seed, [0.1, base + shift + 0.001 * seed],
+                   run={"arm": "FedCME"}, data={"validation_fraction": 0.1})   # a second key set by the arm
+    table, unpaired = compare(load([tmp_path]), {"run.arm": "FedAvg"})
+    assert unpaired == [] and list(table.columns[:2]) == ["data.partition_params.beta", "run.arm"]
+    rows = {r["data.partition_params.beta"]: r for r in table.to_dict("records")}
+    assert rows[0.1]["n"] == 3 and rows[0.1]["effect_mean"] == pytest.approx(0.021)
+    assert rows[0.5]["effect_mean"] == pytest.approx(-0.029) and rows[0.5]["verdict"] == "worse"

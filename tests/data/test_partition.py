@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hpcfl.data.partition import (SCHEMES, check_params, count_matrix, local_test_sets, partition, shared_set,
-                                  validation_split)
+                                  training_subset, validation_split)
 from hpcfl.errors import ConfigError, DataError
 
 # Balanced labels like Fashion-MNIST's training set, in a fixed shuffled order.
@@ -612,3 +612,21 @@ def test_golden_local_test_sets():
 def test_golden_shared_set():
     # One index per class: 0-3 are class 0, 4-6 class 1, 7-8 class 2.
     assert shared_set(np.repeat(np.arange(3), [4, 3, 2]), 3, seed=0).tolist() == [2, 4, 8]
+
+
+def test_training_subset_keeps_the_class_mix_and_is_keyed_by_the_seed():
+    labels = np.array([0] * 50 + [1] * 30 + [2] * 20)       # 10 of 100: 5 / 3 / 2 exactly
+    subset = training_subset(labels, 10, seed=4)
+    assert subset.dtype == np.int64 and np.all(np.diff(subset) > 0)
+    assert np.bincount(labels[subset], minlength=3).tolist() == [5, 3, 2]
+    # 7 of 100: exact shares 3.5 / 2.1 / 1.4, largest remainders give the odd sample to class 0
+    assert np.bincount(labels[training_subset(labels, 7, seed=4)], minlength=3).tolist() == [4, 2, 1]
+    assert np.array_equal(training_subset(labels, 10, seed=4), subset)
+    assert not np.array_equal(training_subset(labels, 10, seed=5), subset)
+    assert len(training_subset(labels, 100, seed=4)) == 100
+
+
+@pytest.mark.parametrize("size", [0, 101, -1, 2.5, True])
+def test_training_subset_size_names_the_key(size):
+    with pytest.raises(ConfigError, match="data.train_samples"):
+        training_subset(np.zeros(100, dtype=np.int64), size, seed=0)

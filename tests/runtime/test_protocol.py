@@ -8,9 +8,10 @@ import torch
 from hpcfl.config import apply_overrides, job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import partition, validation_split
+from hpcfl.data.partition import count_matrix, partition, training_subset, validation_split
+from hpcfl.errors import ConfigError
 from hpcfl.metrics import read_run
-from hpcfl.runtime.job import run, setup
+from hpcfl.runtime.job import SetupFailed, run, setup
 from hpcfl.training import evaluate
 from hpcfl.transport import LocalTransport
 
@@ -67,7 +68,18 @@ def test_algorithms_without_a_global_model_validate_each_client_on_its_own_model
 
 
 def test_a_negative_data_seed_other_than_minus_one_is_refused(tmp_path):
-    from hpcfl.errors import ConfigError
-
     with pytest.raises(ConfigError, match="data.seed = -2"):
         job_from_dict({"data": {"seed": -2}})
+
+
+def test_train_samples_partitions_a_class_stratified_subset_fixed_by_data_seed(tmp_path):
+    runs = [_run(tmp_path, f"sub{s}", f"run.seed={s}", "data.seed=3", "data.train_samples=600") for s in (1, 2)]
+    counts = runs[0].arrays["partition"]                             # clients x classes, training part only
+    np.testing.assert_array_equal(counts, runs[1].arrays["partition"])
+    labels = load_dataset("digits", resolve_data_root(None)).train_y.numpy()
+    pool = training_subset(labels, 600, 3)
+    parts = validation_split([pool[p] for p in partition(labels[pool], 5, "dirichlet", {"beta": 0.5}, 3)], 0.2, 3)[0]
+    np.testing.assert_array_equal(counts, count_matrix(labels, parts, 10))
+    assert counts.sum() == 480                                        # 600, less 20 % validation
+    with pytest.raises(SetupFailed, match="ConfigError: data.train_samples"):       # on every rank, before training
+        _run(tmp_path, "too_many", f"data.train_samples={len(labels) + 1}")
