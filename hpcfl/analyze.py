@@ -2,9 +2,11 @@
 
     python -m hpcfl.analyze table RESULTS... [--metric round/test_acc] [--by KEY ...] [--last 10] [--format md|csv|latex]
     python -m hpcfl.analyze compare RESULTS... --baseline algorithm.name=fedavg [--stat final|last|best_val|rounds]
+                                                         [--rounds R | --max-bytes B: at equal rounds or bytes]
     python -m hpcfl.analyze target RESULTS... --target 0.8 [--baseline algorithm.name=fedavg]
     python -m hpcfl.analyze personal RESULTS...          personalised accuracy across clients
-    python -m hpcfl.analyze forgetting RESULTS...        forgetting degree per class (eval.forgetting runs)
+    python -m hpcfl.analyze forgetting RESULTS...        forgetting degree per class and per class role (dominant,
+                                                         non-dominant, missing: FedKA obs. 1; eval.forgetting runs)
     python -m hpcfl.analyze time RESULTS...              seconds per phase, compute vs wait, MB per payload
     python -m hpcfl.analyze curves RESULTS... --out FIG.png [--x round|bytes] [--metric ...]
     python -m hpcfl.analyze partition RUN.h5 --out FIG.png
@@ -24,7 +26,7 @@ import sys
 from hpcfl.analysis import load, render, rounds_to_target, summary
 from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
-from hpcfl.analysis.results import varying_keys
+from hpcfl.analysis.results import truncate, varying_keys
 from hpcfl.analysis.tables import SELECTION, STATISTICS, forgetting, personalised, time_and_bytes
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
@@ -32,7 +34,7 @@ from hpcfl.metrics import read_run
 # what each command reads: (dataset names, name prefixes); None: the --metric
 NEEDS = {"table": (None, ()), "compare": (None, ()), "target": (None, ()), "curves": (None, ("round/bytes_",)),
          "personal": (("round/personal_acc_mean", "round/personal_acc_std"), ()),
-         "forgetting": (("client_class/forgetting",), ()), "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
+         "forgetting": (("client_class/forgetting", "partition"), ()), "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--format", choices=["md", "csv", "latex"], default="md")
         if name in ("table", "compare"):
             sub.add_argument("--last", type=int, default=10, help="the last-k mean over this many evaluations")
+        if name in ("table", "compare", "target"):
+            sub.add_argument("--rounds", type=int, default=None, help="read every run's first R rounds only "
+                             "(equal rounds for runs of different lengths)")
+            sub.add_argument("--max-bytes", type=float, default=None, help="read every run's rounds up to this many "
+                             "bytes exchanged, both directions (equal communication)")
         if name == "compare":
             sub.add_argument("--baseline", required=True, help="KEY=VALUE of the reference arm, e.g. algorithm.name=fedavg")
             sub.add_argument("--stat", choices=STATISTICS, default="final", help="each run's figure (rounds: needs --target)")
@@ -54,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "target":
             sub.add_argument("--target", type=float, required=True, help="rounds to reach this value of --metric")
             sub.add_argument("--baseline", default=None, help="KEY=VALUE of the reference group for the speed-up")
+        if name == "forgetting":
+            sub.add_argument("--gamma", type=float, default=None, help="a class is dominant for a client holding at "
+                             "least this share of it (FedKA Definition 1; default 1 / classes)")
         if name == "curves":
             sub.add_argument("--out", required=True, help="figure file (.png, .svg, .pdf)")
             sub.add_argument("--x", choices=["round", "bytes"], default="round")
@@ -74,7 +84,9 @@ def main(argv=None) -> int:
         print(partition_heatmap(run.arrays["partition"], args.out, title=str(run.attrs.get("run", ""))))
         return 0
     names, prefixes = NEEDS[args.command]
-    results = load(args.results, metrics=(args.metric, SELECTION) if names is None else names, prefixes=prefixes)
+    max_bytes = getattr(args, "max_bytes", None)
+    results = load(args.results, metrics=(args.metric, SELECTION) if names is None else names,
+                   prefixes=(*prefixes, "round/bytes_") if max_bytes is not None else prefixes)
     for problem in results.problems:
         sys.stderr.write(f"hpcfl: skipped: {problem}\n")
     if results.runs.empty:
@@ -82,6 +94,8 @@ def main(argv=None) -> int:
         return 2
     for _, run in results.incomplete.iterrows():
         sys.stderr.write(f"hpcfl: note: {run['path']} is {run['status']} ({run['rounds']} rounds committed)\n")
+    if getattr(args, "rounds", None) is not None or max_bytes is not None:
+        results = truncate(results, args.rounds, max_bytes)
     by = args.by or varying_keys(results.runs)
     missing = [k for k in by if k not in results.runs.columns]
     if missing:
@@ -105,7 +119,7 @@ def main(argv=None) -> int:
                  "target": lambda: rounds_to_target(results, args.target, by,
                                                     dict([args.baseline.split("=", 1)]) if args.baseline else None,
                                                     args.metric),
-                 "personal": lambda: personalised(results, by), "forgetting": lambda: forgetting(results, by),
+                 "personal": lambda: personalised(results, by), "forgetting": lambda: forgetting(results, by, args.gamma),
                  "time": lambda: time_and_bytes(results, by)}[args.command]()
     except ValueError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")

@@ -52,10 +52,13 @@ class FedClassAvg(Personal):
         normalize: bool = True
         share: str = "classifier"         # classifier | all (Table 3, "+weight": homogeneous models only)
         warmup_epochs: int = 0            # local epochs before a client's first round (the authors' code: 1)
+        supcon_weight: float = 1.0        # 0: Table 4's CA + PR, no contrastive loss (still two augmented views)
 
         def __post_init__(self):
             if self.share not in ("classifier", "all"):
                 raise ValueError(f"share = {self.share!r}; choose 'classifier' or 'all'")
+            if not self.supcon_weight >= 0:
+                raise ValueError(f"supcon_weight = {self.supcon_weight} must be >= 0 (0: no contrastive loss)")
             if self.warmup_epochs < 0:
                 raise ValueError(f"warmup_epochs = {self.warmup_epochs} must be >= 0 (the authors' code: 1)")
             if self.warmup_epochs and self.share == "all":
@@ -64,7 +67,7 @@ class FedClassAvg(Personal):
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
-        self.regularizers[:0] = [SupCon(SupCon.Params(1.0, params.temperature, params.base_temperature, params.normalize)),
+        self.regularizers[:0] = [SupCon(SupCon.Params(params.supcon_weight, params.temperature, params.base_temperature, params.normalize)),
                                  Prox(Prox.Params(params.rho, scope="classifier", reduction="mean"))]
         self.shared = setup.model_layout.select(lambda n: params.share == "all" or n.startswith("classifier."))
         self.phase = Phase("train", downlink={SHARED: self.shared},

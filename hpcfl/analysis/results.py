@@ -69,6 +69,25 @@ def bytes_exchanged(metrics: dict[str, np.ndarray]) -> np.ndarray:
     return np.cumsum(np.nansum(parts, axis=0)) if parts else np.zeros(0)
 
 
+PER_ROUND = ("round/", "client/", "rank/", "class/", "client_class/")     # arrays with one row per round
+
+
+def truncate(results: Results, rounds: int | None = None, max_bytes: float | None = None) -> Results:
+    """The runs cut to their first `rounds` rounds and to the rounds whose cumulative bytes (every
+    payload, both directions; needs the round/bytes_* series loaded) stay within `max_bytes`: a
+    comparison at equal rounds, or at equal communication, of runs that ran for different lengths."""
+    series, kept = {}, []
+    for path, count in zip(results.runs["path"], results.runs["rounds"]):
+        metrics, keep = results.series[path], int(count)
+        if rounds is not None:
+            keep = min(keep, rounds)
+        if max_bytes is not None:
+            keep = min(keep, int(np.sum(bytes_exchanged(metrics) <= max_bytes)))
+        series[path] = {k: v[:keep] if k.startswith(PER_ROUND) else v for k, v in metrics.items()}
+        kept.append(keep)
+    return Results(results.runs.assign(rounds=kept), series, results.problems)
+
+
 def tidy(results: Results) -> pd.DataFrame:
     """One row per run x round x metric: path, round, metric, value, and the run's config keys."""
     frames = []

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from hpcfl.analysis.results import Results
+from hpcfl.data.partition import class_categories
 
 
 SELECTION = "round/val_acc"       # what picks a run's round: the global model on the clients' held-out data
@@ -113,17 +114,30 @@ def personalised(results: Results, by: list[str]) -> pd.DataFrame:
                                   std_across_clients=("std_across_clients", "mean")).reset_index()
 
 
-def forgetting(results: Results, by: list[str]) -> pd.DataFrame:
-    """Per group and class: FedKA's forgetting degree (eq. 1) averaged over rounds and sampled clients,
-    then over the group's runs (needs runs made with eval.forgetting)."""
+def forgetting(results: Results, by: list[str], gamma: float | None = None) -> pd.DataFrame:
+    """Per group: FedKA's forgetting degree (eq. 1) per class, averaged over rounds and sampled clients,
+    then over the group's runs (runs made with eval.forgetting); and per class role of Definition 1
+    (observation 1): over each client's dominant (training share >= gamma, default 1/classes),
+    non-dominant and missing classes, read from the run's partition."""
     rows = []
     for key, group in _grouped(results.runs, by):
-        per_run = [np.nanmean(results.series[p]["client_class/forgetting"], axis=(0, 1)) for p in group["path"]
-                   if "client_class/forgetting" in results.series[p]]
-        if per_run:
-            mean = np.mean(per_run, axis=0)
-            rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(per_run),
-                         **{f"class {c}": v for c, v in enumerate(mean)}, "all classes": float(np.mean(mean))})
+        per_class, per_role = [], []
+        for path in group["path"]:
+            series = results.series[path]
+            if "client_class/forgetting" not in series:
+                continue
+            degree = series["client_class/forgetting"]                         # rounds x clients x classes
+            per_class.append(np.nanmean(degree, axis=(0, 1)))
+            counts = series.get("partition")
+            if counts is not None:
+                masks = class_categories(counts, gamma or 1.0 / counts.shape[1])
+                per_role.append([np.nanmean(degree[:, m]) if m.any() else np.nan for m in masks])
+        if per_class:
+            roles = np.nanmean(per_role, axis=0) if per_role else [np.nan] * 3
+            rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(per_class),
+                         **{f"class {c}": v for c, v in enumerate(np.mean(per_class, axis=0))},
+                         "all classes": float(np.mean(per_class)),
+                         **dict(zip(("dominant", "non-dominant", "missing"), roles))})
     return pd.DataFrame(rows)
 
 

@@ -338,6 +338,14 @@ def count_matrix(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
     return flat.reshape(len(parts), num_classes).astype(np.int64)
 
 
+def class_categories(class_counts, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FedKA Definition 1: boolean masks of a client's dominant (share >= gamma), non-dominant
+    (0 < share < gamma) and missing classes; of each client's, given a clients x classes matrix."""
+    counts = np.asarray(class_counts, dtype=np.float64)
+    share = counts / np.maximum(counts.sum(-1, keepdims=True), 1)
+    return share >= gamma, (share > 0) & (share < gamma), share == 0
+
+
 def training_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
     """A sorted random subset of `size` training-sample indices with the training set's class mix
     (each class's count apportioned within one of exact), drawn from the "subset" generator of the

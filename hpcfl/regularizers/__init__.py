@@ -21,12 +21,12 @@ from hpcfl.config import params_from
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers.base import Frozen, Regularizer, Tensors
 from hpcfl.regularizers.contrastive import Moon, ProjectedClassifier, SupCon
-from hpcfl.regularizers.logits import KnowledgeAnchor, NotTrueDistillation, RestrictedSoftmax, class_categories
+from hpcfl.regularizers.logits import KnowledgeAnchor, NotTrueDistillation, RestrictedSoftmax
 from hpcfl.regularizers.matching import ContrastiveGuiding, FeatureMatching, L2Matching
 from hpcfl.regularizers.weights import Linear, Prox
 
 __all__ = ["Frozen", "Regularizer", "Tensors", "Moon", "ProjectedClassifier", "SupCon", "KnowledgeAnchor",
-           "NotTrueDistillation", "RestrictedSoftmax", "class_categories", "ContrastiveGuiding", "FeatureMatching",
+           "NotTrueDistillation", "RestrictedSoftmax", "ContrastiveGuiding", "FeatureMatching",
            "L2Matching", "Linear", "Prox", "REGULARIZERS", "regularizer_params", "build_regularizers", "adapt_model"]
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hpcfl.data.partition import class_categories
 from hpcfl.regularizers.base import Frozen, Regularizer
 from hpcfl.seeding import torch_generator
 
@@ -102,14 +103,6 @@ class NotTrueDistillation(Regularizer):
         return self.params.beta * F.kl_div(local, target, reduction="batchmean")
 
 
-def class_categories(class_counts, gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FedKA Definition 1: boolean masks of a client's dominant (share >= gamma), non-dominant
-    (0 < share < gamma) and missing classes."""
-    counts = torch.as_tensor(class_counts, dtype=torch.float64)
-    share = counts / counts.sum().clamp(min=1)
-    return share >= gamma, (share > 0) & (share < gamma), share == 0
-
-
 class KnowledgeAnchor(Regularizer):
     """FedKA: beta * the squared distance between the global and the local model's logits on T over the
     non-dominant and missing classes (summed / |T|, or the element-wise mean), T = the shared sample of
@@ -140,7 +133,7 @@ class KnowledgeAnchor(Regularizer):
 
     def categories(self, client) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         counts = client.class_counts
-        return class_categories(counts, self.params.gamma or 1.0 / len(counts))
+        return tuple(map(torch.from_numpy, class_categories(counts, self.params.gamma or 1.0 / len(counts))))
 
     def anchor(self, client, round: int, categories=None) -> tuple[torch.Tensor, torch.Tensor]:
         """This round's knowledge anchor T_i (eq. 2), down-sampled to `size`: (x, y)."""

@@ -278,7 +278,9 @@ def test_fedclassavg_defaults_and_rules_name_their_keys():
 
     params = algorithm_params("fedclassavg", {})
     assert (params.rho, params.temperature, params.base_temperature, params.normalize) == (0.1, 0.07, 0.07, True)
-    assert (params.share, params.warmup_epochs) == ("classifier", 0)
+    assert (params.share, params.warmup_epochs, params.supcon_weight) == ("classifier", 0, 1.0)
+    with pytest.raises(ConfigError, match="supcon_weight = -0.5 must be >= 0"):
+        algorithm_params("fedclassavg", {"supcon_weight": -0.5})
     with pytest.raises(ConfigError, match="share = 'some'"):
         algorithm_params("fedclassavg", {"share": "some"})
     with pytest.raises(ConfigError, match="already has its supcon"):
@@ -296,3 +298,6 @@ def test_fedclassavg_defaults_and_rules_name_their_keys():
     net = build_model("fmnist_cnn", (1, 8, 8), 10)
     algorithm = ALGORITHMS["fedclassavg"](params, Setup.of(job, net, np.ones((20, 10), dtype=np.int64)))
     assert [t.name for t in algorithm.regularizers] == ["supcon", "prox", "fedrs"]     # its own terms, then the job's
+    ablation = ALGORITHMS["fedclassavg"](algorithm_params("fedclassavg", {"supcon_weight": 0.0}),
+                                         Setup.of(job, net, np.ones((20, 10), dtype=np.int64)))
+    assert ablation.regularizers[0].params.weight == 0.0 and algorithm.regularizers[0].params.weight == 1.0

@@ -14,7 +14,8 @@ from hpcfl.data.partition import shared_set
 from hpcfl.errors import ConfigError
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
-from hpcfl.regularizers import KnowledgeAnchor, class_categories
+from hpcfl.data.partition import class_categories
+from hpcfl.regularizers import KnowledgeAnchor
 from hpcfl.runtime.job import FORGETTING_XI
 
 COUNTS = np.array([50, 3, 0, 0, 47])            # gamma 0.1: dominant {0, 4}, non-dominant {1}, missing {2, 3}

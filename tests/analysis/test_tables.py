@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hpcfl.analysis import load, render, rounds_to_target, summary, tidy
+from hpcfl.analysis.results import truncate
 from hpcfl.analysis.paired import compare
 from hpcfl.analysis.tables import forgetting, statistic, time_and_bytes
 from hpcfl.analyze import main
@@ -320,3 +321,36 @@ def test_compare_pairs_sweep_arms_that_set_several_keys_within_each_grid_value(t
     rows = {r["data.partition_params.beta"]: r for r in table.to_dict("records")}
     assert rows[0.1]["n"] == 3 and rows[0.1]["effect_mean"] == pytest.approx(0.021)
     assert rows[0.5]["effect_mean"] == pytest.approx(-0.029) and rows[0.5]["verdict"] == "worse"
+
+
+def test_forgetting_per_class_role_reads_each_clients_partition(tmp_path):
+    """Client 0 holds classes 5 / 0 / 1 (dominant, missing, non-dominant at gamma 1/3), client 1 0 / 3 / 3
+    (missing, dominant, dominant); each role's degree is the mean over its (client, class) cells."""
+    degree = np.array([[-0.5, 0.9, 0.7], [0.8, -0.2, 0.0]])
+    with Recorder.create(tmp_path / "ka.h5", {"config": {"run": {"seed": 0}, "algorithm": {"name": "fedka"}}}) as rec:
+        rec.write_array("partition", np.array([[5, 0, 1], [0, 3, 3]]))
+        for round in range(2):
+            rec.append_round(round, {"client_class/forgetting": degree + (0.1 if round else -0.1)})
+        rec.set_attr("status", "completed")
+    results = load([tmp_path], metrics=("client_class/forgetting", "partition"))
+    row = forgetting(results, ["algorithm.name"]).iloc[0]
+    assert row["dominant"] == pytest.approx((-0.5 - 0.2 + 0.0) / 3) and row["non-dominant"] == pytest.approx(0.7)
+    assert row["missing"] == pytest.approx(0.85) and row["class 1"] == pytest.approx(0.35)
+    strict = forgetting(results, ["algorithm.name"], gamma=0.9).iloc[0]          # no class reaches 90 %
+    assert np.isnan(strict["dominant"]) and strict["non-dominant"] == pytest.approx(0.0)
+
+
+def test_compare_at_equal_rounds_and_at_equal_bytes(tmp_path, capsys):
+    """A long cheap baseline against a short costly arm: each run's curve cut at R rounds, or at the
+    rounds whose cumulative bytes (3 MB a round here, from _write) stay within B."""
+    for seed in (0, 1):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], run={"arm": "A"})
+        _write(tmp_path, "fedma", 0.1, seed, [0.3, 0.5 + 0.01 * seed], run={"arm": "B"})
+    results = load([tmp_path], metrics=("round/test_acc",), prefixes=("round/bytes_",))
+    at_two = compare(truncate(results, rounds=2), {"run.arm": "A"})[0].iloc[0]
+    assert at_two["effect_mean"] == pytest.approx(0.305)                  # 0.5 / 0.51 against 0.2
+    at_9mb = compare(truncate(results, max_bytes=9e6), {"run.arm": "A"})[0].iloc[0]
+    assert at_9mb["effect_mean"] == pytest.approx(0.205)                  # against 0.3, the baseline's third round
+    assert list(truncate(results, max_bytes=9e6).runs["rounds"]) == [3, 3, 2, 2]
+    args = ["compare", str(tmp_path), "--baseline", "run.arm=A", "--max-bytes", "9e6", "--format", "csv"]
+    assert main(args) == 0 and "0.205" in capsys.readouterr().out

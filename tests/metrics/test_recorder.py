@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcfl.errors import ResultsError
-from hpcfl.metrics import SCHEMA_VERSION, Recorder, read_run
+from hpcfl.metrics import SCHEMA_VERSION, Recorder, compact, read_run
 
 REPO = Path(__file__).resolve().parents[2]
 ATTRS = {
@@ -187,3 +187,25 @@ def test_bad_attribute_leaves_no_file(tmp_path):
         Recorder.create(path, {"when": object()})
     assert not path.exists()
     Recorder.create(path, {"when": "now"}).close()
+
+
+def test_compact_keeps_every_value_of_a_completed_run_in_a_smaller_file(tmp_path):
+    path = tmp_path / "run.h5"
+    with Recorder.create(path, {"config": {"run": {"seed": 3}}, "note": "x"}) as recorder:
+        recorder.write_array("partition", np.arange(12).reshape(4, 3))
+        for round in range(5):
+            recorder.append_round(round, {"round/test_acc": 0.1 * round, "client/train_loss": np.full(40, round + 0.5),
+                                          **({"round/val_acc": 0.2} if round % 2 else {})})
+    running = path.read_bytes()
+    assert not compact(path) and path.read_bytes() == running           # not completed: may be resumed, untouched
+    with h5py.File(path, "r+", locking=False) as file:
+        file.attrs["status"] = "completed"
+    before = read_run(path)
+    size = path.stat().st_size
+    assert compact(path) and path.stat().st_size < size / 3
+    after = read_run(path)
+    assert after.attrs == before.attrs and after.rounds == 5 and set(after.arrays) == set(before.arrays)
+    for name, values in before.arrays.items():
+        np.testing.assert_array_equal(after.arrays[name], values)       # NaN where a key was absent, too
+    assert np.isnan(after.arrays["round/val_acc"][0]) and after.arrays["client/train_loss"].shape == (5, 40)
+    assert not compact(path)                                            # once is enough

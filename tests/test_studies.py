@@ -1,0 +1,86 @@
+"""The studies: every shipped sweep file expands into valid jobs, and studies/run.py runs a study's
+points seed by seed, resumes where it stopped, compacts finished results and estimates the rest."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+from hpcfl.config import load_job, read_job_file
+from hpcfl.metrics import read_run
+from hpcfl.sweep import points
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = sorted((REPO / "studies").glob("*/*.toml"))
+
+
+def test_the_five_studies_are_shipped():
+    assert {p.parent.name for p in SWEEPS} == {"fedcme", "fedfm", "fedka", "fedclassavg", "fedma"}
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_point_of_every_study_is_a_valid_job_with_its_results_in_its_folder(sweep):
+    todo = points(read_job_file(sweep))
+    configs = [load_job(sweep, overrides, allow_sweep=True) for overrides in todo]
+    assert len({c.result_path for c in configs}) == len(configs)
+    assert all(c.result_path.parent == Path("studies") / sweep.parent.name / "results" for c in configs)
+    arms = {c.run.arm for c in configs}
+    for arm in arms:                        # arms are paired: the same seeds and the same split seeds
+        assert {(c.run.seed, c.data_seed) for c in configs if c.run.arm == arm} == {(c.run.seed, c.data_seed)
+                                                                                   for c in configs}
+
+
+TINY = """
+[run]
+study = "results"
+name = "tiny"
+results_root = "{root}"
+rounds = 2
+[data]
+dataset = "digits"
+num_clients = 3
+partition = "iid"
+[train]
+clients_per_round = 3
+batch_size = 32
+[sweep]
+seeds = [0, 1]
+[sweep.arms.A]
+"algorithm.name" = "fedavg"
+[sweep.arms.B]
+"algorithm.name" = "fedprox"
+"""
+
+
+def _runner(root, *args):
+    return subprocess.run([sys.executable, str(REPO / "studies" / "run.py"), "tiny", "--root", str(root), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_runner_goes_seed_by_seed_compacts_and_resumes(tmp_path):
+    study = tmp_path / "studies" / "tiny"
+    study.mkdir(parents=True)
+    results = tmp_path / "out"
+    (study / "sweep.toml").write_text(TINY.format(root=results))
+    planned = _runner(tmp_path / "studies", "--plan")
+    assert planned.returncode == 0 and "0/4 points done" in planned.stdout and "unknown" in planned.stdout
+    assert not results.exists()                                           # --plan runs nothing
+    done = _runner(tmp_path / "studies")
+    assert done.returncode == 0, done.stderr
+    order = [line.split(" point ")[1].split()[0] for line in done.stdout.splitlines() if " point " in line]
+    assert order == ["0", "2", "1", "3"]                                  # A and B of seed 0, then of seed 1
+    files = sorted((results / "results").glob("*.h5"))
+    assert [f.name for f in files] == ["tiny-A-seed0.h5", "tiny-A-seed1.h5", "tiny-B-seed0.h5", "tiny-B-seed1.h5"]
+    for file in files:
+        assert read_run(file).attrs["status"] == "completed"
+        with h5py.File(file, "r") as h5:
+            assert h5["round/test_acc"].compression == "gzip"              # compacted for committing
+    timing = json.loads((study / "timing.json").read_text())
+    assert timing["sweep.toml"] > 0
+    files[3].unlink()                                                     # one point lost: only it runs again
+    again = _runner(tmp_path / "studies")
+    assert again.returncode == 0 and "3/4 points done" in again.stdout and "about 0.0 hours" in again.stdout
+    assert [line for line in again.stdout.splitlines() if " point " in line] == [
+        "studies: tiny sweep.toml point 3 (tiny-B-seed1.h5, 2 rounds left)"]
