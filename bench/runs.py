@@ -1,9 +1,7 @@
-"""What the study scripts share: run one job as its own process (under mpirun when `ranks`), keep a
-completed result and redo an interrupted one, and run many such jobs a few at a time."""
-import argparse
+"""What the bench scripts share: run one job as its own process (under mpirun when `ranks`), keep a
+completed result and redo an interrupted one."""
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hpcfl.config import load_job
@@ -26,18 +24,3 @@ def launch(job: Path, root: Path, name: str, *overrides: str, ranks: int = 0) ->
         if done.returncode:
             raise RuntimeError(f"run {name} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return read_run(path).arrays
-
-
-def run_all(jobs: list, run, parallel: int) -> dict:
-    """{job: run(*job)} for every job tuple, `parallel` one-process runs at a time (one core each)."""
-    with ThreadPoolExecutor(parallel) as pool:
-        return dict(zip(jobs, pool.map(lambda job: run(*job), jobs)))
-
-
-def study_parser(doc: str) -> argparse.ArgumentParser:
-    """The options every seed study takes: --seeds, --parallel, --root."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--root", type=Path, default=Path("results"))
-    return parser

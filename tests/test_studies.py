@@ -25,7 +25,8 @@ def test_every_point_of_every_study_is_a_valid_job_with_its_results_in_its_folde
     todo = points(read_job_file(sweep))
     configs = [load_job(sweep, overrides, allow_sweep=True) for overrides in todo]
     assert len({c.result_path for c in configs}) == len(configs)
-    assert all(c.result_path.parent == Path("studies") / sweep.parent.name / "results" for c in configs)
+    folder = "results" if sweep.name == "sweep.toml" else f"results-{sweep.stem}"       # one folder per sweep file
+    assert all(c.result_path.parent == Path("studies") / sweep.parent.name / folder for c in configs)
     arms = {c.run.arm for c in configs}
     for arm in arms:                        # arms are paired: the same seeds and the same split seeds
         assert {(c.run.seed, c.data_seed) for c in configs if c.run.arm == arm} == {(c.run.seed, c.data_seed)
@@ -84,3 +85,26 @@ def test_the_runner_goes_seed_by_seed_compacts_and_resumes(tmp_path):
     assert again.returncode == 0 and "3/4 points done" in again.stdout and "about 0.0 hours" in again.stdout
     assert [line for line in again.stdout.splitlines() if " point " in line] == [
         "studies: tiny sweep.toml point 3 (tiny-B-seed1.h5, 2 rounds left)"]
+
+
+def test_report_rewrites_each_readme_table_with_what_analyze_prints(tmp_path):
+    sys.path.insert(0, str(REPO / "studies"))
+    from report import refresh
+
+    from hpcfl.metrics import Recorder
+
+    for arm, acc in (("A", 0.5), ("B", 0.7)):
+        with Recorder.create(tmp_path / "r" / f"{arm}.h5", {"config": {"run": {"seed": 0, "arm": arm}}}) as rec:
+            rec.append_round(0, {"round/test_acc": acc})
+            rec.set_attr("status", "completed")
+    readme = tmp_path / "README.md"
+    readme.write_text("# Study\n<!-- analysis: python -m hpcfl.analyze table r --by run.arm -->\nstale\n<!-- end -->\n"
+                      "Verdict: ...\n")
+    assert refresh(readme, cwd=tmp_path) == 1
+    text = readme.read_text()
+    assert "stale" not in text and "| A " in text and "0.7" in text and text.endswith("<!-- end -->\nVerdict: ...\n")
+    assert refresh(readme, cwd=tmp_path) == 1 and readme.read_text() == text          # idempotent
+    readme.write_text("<!-- analysis: rm -rf r -->\n<!-- end -->\n")
+    with pytest.raises(SystemExit, match="only `python -m hpcfl.analyze"):
+        refresh(readme, cwd=tmp_path)
+    assert (tmp_path / "r").exists()
