@@ -1,5 +1,37 @@
 """hpcfl: federated-learning experiments on HPC clusters.
 
 `python -m hpcfl.launch JOB.toml` runs one job; rank 0 is the server, ranks >= 1 host clients.
+From Python, `hpcfl.run(JOB)` runs one in this process and returns its result file's path.
+
+What a plug-in author needs (an algorithm, a model, a data set or a loss term named in a job file
+by its import path, "package.module:Name"; hpcfl.plugins) is importable from here. The names load
+on first use, so `import hpcfl` stays light and the analysis never pulls in the runtime.
 """
+import importlib
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Algorithm": "hpcfl.algorithms.base", "Phase": "hpcfl.algorithms.base", "Client": "hpcfl.algorithms.base",
+    "Setup": "hpcfl.algorithms.base", "ONE": "hpcfl.algorithms.base", "WEIGHT": "hpcfl.algorithms.base",
+    "assign": "hpcfl.algorithms.base", "weighted": "hpcfl.algorithms.base", "weighted_mean": "hpcfl.algorithms.base",
+    "FedAvg": "hpcfl.algorithms.fedavg", "Regularizer": "hpcfl.regularizers.base", "Frozen": "hpcfl.regularizers.base",
+    "Layout": "hpcfl.payload", "Dataset": "hpcfl.data.base", "JobConfig": "hpcfl.config", "load_job": "hpcfl.config",
+    "read_run": "hpcfl.metrics", "ConfigError": "hpcfl.errors", "DataError": "hpcfl.errors",
+    "torch_generator": "hpcfl.seeding", "numpy_rng": "hpcfl.seeding",
+}
+__all__ = ["run", "__version__", *_EXPORTS]
+
+
+def run(job, overrides=(), data_root=None, log=print):
+    """Run a job in this process; see hpcfl.launch.run_job."""
+    from hpcfl.launch import run_job
+
+    return run_job(job, overrides, data_root, log)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hpcfl' has no attribute {name!r}")

@@ -313,8 +313,7 @@ def _check_registries(job: JobConfig) -> None:
              ("algorithm.name", job.algorithm.name, ALGORITHMS)]
     named += [("model.architectures", name, MODELS) for name in job.model.architectures]
     for key, name, registry in named:
-        if name not in registry:
-            raise ConfigError(f"{key} = {name!r} is unknown; valid: {sorted(registry)}")
+        registry.resolve(name, key)             # a plug-in is imported here, on every rank, before set-up
     model_params(job.model.params, {name: model_options(name) for name in job.architectures})
     check_params(job.data.partition, job.data.partition_params)
     algorithm_params(job.algorithm.name, job.algorithm.params)

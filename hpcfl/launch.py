@@ -104,8 +104,57 @@ def main(argv=None, allow_sweep: bool = False) -> int:
         release()
 
 
-def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
+def _finish(job, status: str, log) -> None:
+    """Rank 0 marks the result file with how the run ended; a completed run drops its checkpoints."""
     from hpcfl.checkpoint import checkpoint_root
+
+    if job.recorder:
+        job.recorder.set_attr("status", status)
+        job.recorder.close()
+        if status == "completed":
+            shutil.rmtree(checkpoint_root(job.config.result_path), ignore_errors=True)
+            log(f"hpcfl: wrote {job.config.result_path}")
+        elif status == "interrupted":
+            log(f"hpcfl: stopped at a checkpoint ({job.config.result_path}); run the same command again to resume")
+
+
+def run_job(job, overrides=(), data_root=None, log=print):
+    """Run a job in this process (the server hosts every client) and return its result file's path:
+    `job` is a job file's path, its tables as a dict, or a JobConfig; `overrides` are --set's
+    KEY=VALUE strings. A completed run returns its path at once and an interrupted one resumes, as on
+    the command line; bad input raises hpcfl.errors.ConfigError (or DataError, ...) naming the key."""
+    from pathlib import Path
+
+    from hpcfl.config import JobConfig, apply_overrides, job_from_dict, load_job
+    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.lock import release
+    from hpcfl.runtime.resume import RunCompleted
+    from hpcfl.transport import LocalTransport
+
+    if isinstance(job, JobConfig):
+        config = job_from_dict(apply_overrides(json.loads(job.to_json()), list(overrides)))
+    elif isinstance(job, dict):
+        config = job_from_dict(apply_overrides(job, list(overrides)))
+    else:
+        config = load_job(Path(job), list(overrides))
+    transport = LocalTransport({})
+    try:
+        try:
+            state = setup(config, transport, data_root, 0, log)
+        except RunCompleted:
+            return config.result_path
+        status = "failed"
+        try:
+            status = "completed" if run(state, log) else "interrupted"
+        finally:
+            _finish(state, status, log)
+    finally:
+        transport.close()
+        release()
+    return config.result_path
+
+
+def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     from hpcfl.config import load_job
     from hpcfl.errors import TrainingFault
     from hpcfl.runtime.job import run, setup
@@ -151,14 +200,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if job.recorder:
-        job.recorder.set_attr("status", status)
-        job.recorder.close()
-        if status == "completed":
-            shutil.rmtree(checkpoint_root(config.result_path), ignore_errors=True)
-            log(f"hpcfl: wrote {config.result_path}")
-        elif status == "interrupted":
-            log(f"hpcfl: stopped at a checkpoint ({config.result_path}); run the same command again to resume")
+    _finish(job, status, log)
     transport.close()
     # mpiexec returns the bitwise OR of the ranks' codes: after an orderly end only the server's counts.
     return code if transport.is_server else 0

@@ -12,10 +12,12 @@ from hpcfl.algorithms.fedproto import FedProto
 from hpcfl.algorithms.local import Ensemble, LocalOnly
 from hpcfl.algorithms.scaffold import Scaffold
 from hpcfl.config import params_from
+from hpcfl.plugins import Registry, subclass_of
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (
+# algorithm.name: these, or a plug-in's "package.module:Class" (hpcfl.plugins)
+ALGORITHMS = Registry("algorithm.name", subclass_of(Algorithm, "an hpcfl algorithm"), {cls.name: cls for cls in (
     FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble, FedFM, FedFMLite,
-    FedClassAvg, FedProto, FedKA, FedCME, FedMA)}
+    FedClassAvg, FedProto, FedKA, FedCME, FedMA)})
 
 
 def algorithm_params(name: str, raw: dict) -> Algorithm.Params:

@@ -18,6 +18,7 @@ from hpcfl.data.folders import load_cinic10, load_tiny_imagenet
 from hpcfl.data.idx import EMNIST_LETTERS, FASHION_MNIST, MNIST, load_idx_set
 from hpcfl.data.leaf import load_shakespeare
 from hpcfl.errors import ConfigError
+from hpcfl.plugins import Registry, callable_check
 from hpcfl.seeding import numpy_rng
 
 # Per-channel mean/std of each training set after scaling to [0, 1] (pixel statistics over the whole
@@ -94,7 +95,8 @@ def _inputs_cheap(loader: Callable[[Path], Dataset]) -> Callable[[Path, bool], D
     return load
 
 
-DATASETS: dict[str, Callable[[Path, bool], Dataset]] = {
+# data.dataset -> load(root, train_images=...) -> Dataset; or a plug-in's "package.module:load" (hpcfl.plugins)
+DATASETS = Registry("data.dataset", callable_check("a data-set loader"), {
     "fashion_mnist": partial(load_idx_set, FASHION_MNIST),
     "mnist": partial(load_idx_set, MNIST),
     "emnist_letters": partial(load_idx_set, EMNIST_LETTERS),
@@ -105,13 +107,14 @@ DATASETS: dict[str, Callable[[Path, bool], Dataset]] = {
     "shakespeare": _inputs_cheap(load_shakespeare),
     "synthetic": _inputs_cheap(_load_synthetic),
     "digits": _inputs_cheap(_load_digits),
-}
+})
 
 
 def load_dataset(name: str, root: Path, train_images: bool = True) -> Dataset:
     """The data set `name` from `root`; an unknown name is a config error listing the valid ones.
     train_images=False (the server: it needs the labels and the test set): train_x has no rows, and
     the image-file sets do not decode or normalise the training images at all."""
-    if name not in DATASETS:
-        raise ConfigError(f"data.dataset = {name!r} is not a known data set; valid: {', '.join(sorted(DATASETS))}")
-    return DATASETS[name](Path(root), train_images=train_images)
+    data = DATASETS[name](Path(root), train_images=train_images)
+    if not isinstance(data, Dataset):
+        raise ConfigError(f"data.dataset = {name!r} returned {type(data).__name__}, not an hpcfl.data.base.Dataset")
+    return data

@@ -6,12 +6,12 @@ as `options=`; a constructor without `Options` (a plug-in's, say) takes none. Im
 features end with a hidden Linear + ReLU take `preactivation` (hpcfl.models.common); ResNets take
 `preactivation`, `feature_layer` and `stem` (hpcfl.models.vision)."""
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from hpcfl.errors import ConfigError
+from hpcfl.plugins import Registry, callable_check
 from hpcfl.models.alexnet import AlexNetCifar
 from hpcfl.models.cnn import FmnistCNN
 from hpcfl.models.common import NoOptions
@@ -19,8 +19,9 @@ from hpcfl.models.fedma import VGG9, CharLSTM, LeNet
 from hpcfl.models.tcnn import TCNN
 from hpcfl.models.vision import GoogLeNet, ResNet18, ResNet50, ShuffleNetV2
 
-# name -> Model(in_shape, num_classes[, options=Model.Options(...)]); width of features(x) in the comment
-MODELS: dict[str, Callable[..., nn.Module]] = {
+# model.name -> Model(in_shape, num_classes[, options=Model.Options(...)]); width of features(x) in the
+# comment. Or a plug-in's "package.module:Model" (hpcfl.plugins).
+MODELS = Registry("model.name", callable_check("a model constructor"), {
     "fmnist_cnn": FmnistCNN,        # FedCME, 128
     # FedProto's heterogeneous clients: the same two-conv CNN with other channel counts, 128
     "fmnist_cnn_narrow": partial(FmnistCNN, width=8),
@@ -35,13 +36,11 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "shufflenetv2": ShuffleNetV2,   # FedClassAvg, 512
     "googlenet": GoogLeNet,         # FedClassAvg, 512
     "alexnet_cifar": AlexNetCifar,  # FedClassAvg, 512
-}
+})
 
 
 def model_options(name: str) -> type:
     """The dataclass of model `name`'s options ([model] params)."""
-    if name not in MODELS:
-        raise ConfigError(f"model.name = '{name}' is unknown; valid: {sorted(MODELS)}")
     constructor = MODELS[name]
     return getattr(getattr(constructor, "func", constructor), "Options", NoOptions)    # func: a partial's class
 

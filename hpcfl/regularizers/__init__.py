@@ -18,7 +18,7 @@ from typing import Mapping
 from torch import nn
 
 from hpcfl.config import params_from
-from hpcfl.errors import ConfigError
+from hpcfl.plugins import Registry, subclass_of
 from hpcfl.regularizers.base import Frozen, Regularizer, Tensors
 from hpcfl.regularizers.contrastive import Moon, ProjectedClassifier, SupCon
 from hpcfl.regularizers.logits import KnowledgeAnchor, NotTrueDistillation, RestrictedSoftmax
@@ -30,16 +30,16 @@ __all__ = ["Frozen", "Regularizer", "Tensors", "Moon", "ProjectedClassifier", "S
            "L2Matching", "Linear", "Prox", "REGULARIZERS", "regularizer_params", "build_regularizers", "adapt_model"]
 
 
-REGULARIZERS: dict[str, type[Regularizer]] = {
+# the names in algorithm.regularizers: these, or a plug-in's "package.module:Class" (hpcfl.plugins)
+REGULARIZERS = Registry("algorithm.regularizers", subclass_of(Regularizer, "a loss term"), {
     cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching,
-                              SupCon, KnowledgeAnchor)}
+                              SupCon, KnowledgeAnchor)})
 
 
 def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:
     """The named term's Params from its config table, naming bad keys."""
-    if name not in REGULARIZERS:
-        raise ConfigError(f"algorithm.regularizers: '{name}' is unknown; valid: {sorted(REGULARIZERS)}")
-    return params_from(REGULARIZERS[name].Params, raw, f"algorithm.regularizers.{name}")
+    return params_from(REGULARIZERS.resolve(name, "algorithm.regularizers").Params, raw,
+                       f"algorithm.regularizers.{name}")
 
 
 def build_regularizers(tables: Mapping[str, Mapping], seed: int = 0) -> list[Regularizer]:

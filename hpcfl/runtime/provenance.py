@@ -1,10 +1,11 @@
-"""Where a result came from: versions, commit, hosts and devices, stored as root attributes."""
+"""Where a result came from: versions, commit, hosts and devices, plug-ins, stored as root attributes."""
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import hpcfl
 from hpcfl.config import JobConfig
+from hpcfl.plugins import plugins
 
 
 def _version(package: str) -> str:
@@ -30,4 +31,7 @@ def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
     versions["hpcfl"] = hpcfl.__version__
     return {"versions": versions, "git_commit": git_commit(), "world_size": len(reports),
             "hostnames": [r["host"] for r in reports], "devices": [r["device"] for r in reports],
-            "study": config.run.study, "run": config.run_name, "status": "running"}
+            "study": config.run.study, "run": config.run_name, "status": "running",
+            "plugins": plugins({"data.dataset": [config.data.dataset], "model.name": list(config.architectures),
+                                "algorithm.name": [config.algorithm.name],
+                                "algorithm.regularizers": list(config.algorithm.regularizers)})}

@@ -1,6 +1,7 @@
 """FedMA through its own hooks, in the order the runtime calls them: a network matched against a copy
 of itself with permuted hidden units comes back whole (conv, FC and LSTM), the last layer is the
-class-weighted average and is retrained alone at lr/10 for 3x the epochs, on real data one-shot
+class-weighted average and is retrained alone at lr/10 for 3x the epochs, independent networks kept
+apart combine one-shot into the class-share-weighted sum of their logits, on real data one-shot
 matching beats coordinate-wise averaging of the same independently initialised local models, the
 baselines of its comparison start from the same independent initialisations, and gamma's prior alone
 sets the global widths as the module docstring says."""
@@ -110,6 +111,29 @@ def test_the_last_layer_is_averaged_per_class_by_each_clients_share_of_the_class
     expected = torch.stack([0.75 * a[0] + 0.25 * b[0], 0.5 * a[1] + 0.5 * b[1], 0.5 * a[2] + 0.5 * b[2]])
     torch.testing.assert_close(server_state["model.classifier.weight"], expected[:, :2].float())
     torch.testing.assert_close(server_state["model.classifier.bias"], expected[:, 2].float())
+
+
+def test_one_shot_lenets_kept_apart_give_the_class_share_weighted_sum_of_the_clients_logits():
+    """retrain = false with a tight sigma: distinct neurons never join (the gain of a new neuron beats
+    joining by |w - u|^2 / (2 sigma)), so every layer is the clients' layers side by side, the next
+    layer's inputs permuted and zero-padded to match, and the class-averaged last layer makes logit k
+    the sum over clients of share_jk * (client j's logit k); class 9, held by nobody: the plain mean."""
+    counts = np.array([[6, 1, 0, 2, 5, 1, 1, 3, 2, 0], [2, 3, 4, 2, 0, 1, 1, 1, 2, 0], [0, 4, 4, 4, 5, 2, 6, 1, 4, 0]])
+    torch.manual_seed(0)
+    template = build_model("lenet", (1, 16, 16), 10).eval()
+    algorithm = _fedma(template, counts, sigma=1e-6, sweeps=1, max_width=2000, retrain=False)
+    clients = [_client(c, {k[len("model."):]: v for k, v in algorithm.init_client_state(client(c), template).items()},
+                        counts) for c in range(3)]                                   # independent initialisations
+    locals_ = [copy.deepcopy(template) for _ in clients]
+    for model, c in zip(locals_, clients):
+        model.load_state_dict(algorithm._own(c))
+    server_state, _ = _match_all(algorithm, clients, template)
+    assert algorithm.widths == [60, 150, 1500, 10]
+    x = torch.randn(8, 1, 16, 16)
+    share = torch.tensor(counts / np.maximum(counts.sum(0), 1), dtype=torch.float32)
+    share[:, 9] = 1 / 3
+    expected = sum(share[j] * model(x) for j, model in enumerate(locals_))
+    torch.testing.assert_close(algorithm.global_module(server_state, template)(x), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_one_shot_matching_beats_coordinate_wise_averaging_of_the_same_local_models(tmp_path):

@@ -1,0 +1,114 @@
+"""The names a job file gives algorithms, models, data sets and loss terms.
+
+Each kind has one `Registry`: a name is a built-in's (`"fedavg"`) or an import path
+`"package.module:Name"` naming a plug-in outside hpcfl, e.g.
+
+    [algorithm]
+    name = "mylab.fl:FedMine"
+    regularizers = { "mylab.terms:Decorrelation" = { weight = 0.1 } }
+
+Built-ins are registered the same way, by import path, and imported on first use. A plug-in is
+imported when the job is validated, which every rank does before set-up, and checked for the kind
+(an Algorithm subclass, a Regularizer subclass, a callable model or data-set constructor): a missing
+module, a missing name or the wrong kind is a ConfigError naming the key and the path, so the job
+exits with status 2 before any rank trains. A result file records each plug-in's path and its
+package's version (`plugins` below).
+"""
+import importlib
+from importlib import metadata
+from typing import Any, Callable, Iterator, Mapping
+
+from hpcfl.errors import ConfigError
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+class Registry(Mapping):
+    """name -> object for one config key; `registry[name]` imports a built-in or a plug-in on first
+    use and raises ConfigError (not KeyError) for a name that is neither. Iterates over the built-ins."""
+
+    def __init__(self, key: str, check: Callable[[Any], str | None], builtins: Mapping[str, Any] = ()):
+        self.key, self._check, self._builtins, self._loaded = key, check, {}, {}
+        for name, found in dict(builtins).items():
+            self.register(name, found)
+
+    def register(self, name: str, found: Any) -> None:
+        """A built-in: the object, or its import path (imported on first use), checked like a plug-in."""
+        self._builtins[name] = found
+
+    def __getitem__(self, name: str) -> Any:
+        return self.resolve(name, self.key)
+
+    def resolve(self, name: str, key: str) -> Any:
+        """The object `name` stands for; a ConfigError naming `key` if there is none."""
+        if name not in self._loaded:
+            found = self._builtins.get(name)
+            if found is None and not (isinstance(name, str) and is_import_path(name)):
+                raise ConfigError(f"{key} = {name!r} is unknown; valid: {sorted(self._builtins)}, or a plug-in's "
+                                  "import path 'package.module:Name'")
+            if found is None or isinstance(found, str):
+                found = self._import(key, name, found or name)
+            problem = self._check(found)
+            if problem:
+                raise ConfigError(f"{key} = {name!r}: {problem}")
+            self._loaded[name] = found
+        return self._loaded[name]
+
+    def __contains__(self, name) -> bool:
+        try:
+            self[name]
+        except ConfigError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._builtins)
+
+    def __len__(self) -> int:
+        return len(self._builtins)
+
+    @staticmethod
+    def _import(key: str, name: str, path: str) -> Any:
+        module_name, _, attribute = path.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ConfigError(f"{key} = {name!r}: cannot import module {module_name!r} ({err}); install the "
+                              "package or put its folder on PYTHONPATH, on every node") from None
+        found = module
+        for part in attribute.split("."):
+            if not part or not hasattr(found, part):
+                raise ConfigError(f"{key} = {name!r}: module {module_name!r} has no {attribute!r}")
+            found = getattr(found, part)
+        return found
+
+
+def subclass_of(base: type, what: str) -> Callable[[Any], str | None]:
+    """A check: a subclass of `base` with its own `name`."""
+    def check(found):
+        if not (isinstance(found, type) and issubclass(found, base)):
+            return f"{found!r} is not {what} (a subclass of {base.__module__}.{base.__qualname__})"
+        if not isinstance(getattr(found, "name", None), str):
+            return f"{found.__qualname__} has no `name` (a class attribute, a string)"
+        return None
+    return check
+
+
+def callable_check(what: str) -> Callable[[Any], str | None]:
+    return lambda found: None if callable(found) else f"{found!r} is not {what} (a class or function)"
+
+
+def plugins(names: Mapping[str, list[str]]) -> dict[str, dict]:
+    """For a result file: each plug-in import path among `names` (config key -> names used) with its
+    module and its package's version (None where the module is not an installed distribution's)."""
+    found = {}
+    for key, used in names.items():
+        for name in used:
+            if is_import_path(name):
+                top = name.partition(":")[0].split(".")[0]
+                dists = metadata.packages_distributions().get(top, [])
+                found[name] = {"key": key, "module": name.partition(":")[0],
+                               "version": metadata.version(dists[0]) if dists else None}
+    return found

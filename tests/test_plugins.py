@@ -1,0 +1,102 @@
+"""Plug-ins: an algorithm, a model, a data set and a loss term from a package outside hpcfl
+(tests/plugins/labfl), named in a job by import path, run from Python (hpcfl.run) in one process and
+under MPI with the same metrics; a wrong path, kind or parameter is refused by key before training."""
+import tomllib
+
+import pytest
+
+import hpcfl
+from helpers import assert_same_metrics, run_metrics
+from hpcfl.config import apply_overrides, job_from_dict
+from hpcfl.launch import main as launch
+from hpcfl.metrics import read_run
+
+PLUGINS = {"data.dataset": "labfl.data:blobs", "model.name": "labfl.model:Mlp",
+           "algorithm.name": "labfl.algorithm:HalfStep", "algorithm.regularizers": "labfl.term:Centring"}
+
+
+JOB = """
+[run]
+study = "plug"
+name = "{name}"
+rounds = 4
+results_root = "{root}"
+[data]
+dataset = "labfl.data:blobs"
+num_clients = 4
+partition = "dirichlet"
+partition_params = {{ beta = 0.5 }}
+validation_fraction = 0.1
+[model]
+name = "labfl.model:Mlp"
+params = {{ hidden = 16 }}
+[train]
+clients_per_round = 3
+batch_size = 32
+lr = 0.1
+momentum = 0.5
+[algorithm]
+name = "labfl.algorithm:HalfStep"
+params = {{ step = 0.5 }}
+regularizers = {{ "labfl.term:Centring" = {{ weight = 0.01 }} }}
+"""
+
+
+def _job(root, name="lab") -> dict:
+    return tomllib.loads(JOB.format(root=root, name=name))
+
+
+def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
+    path = hpcfl.run(_job(tmp_path), log=lambda text: None)
+    run = read_run(path)
+    assert run.attrs["status"] == "completed" and run.rounds == 4
+    assert run.arrays["round/test_acc"][-1] > 0.6                        # four blobs: chance is 0.25
+    assert (run.arrays["round/step"] == 0.5).all()                        # the plug-in algorithm's own metric
+    assert {p["key"]: name for name, p in run.attrs["plugins"].items()} == PLUGINS
+    assert run.attrs["plugins"]["labfl.model:Mlp"] == {"key": "model.name", "module": "labfl.model", "version": None}
+    assert hpcfl.run(_job(tmp_path), log=lambda text: None) == path        # complete: returned at once
+    hidden = [v for k, v in run.arrays.items() if k == "partition"]
+    assert hidden and hidden[0].shape == (4, 4)                            # the plug-in data set's 4 classes
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("algorithm.name", '"labfll.algorithm:HalfStep"', "algorithm.name = 'labfll.algorithm:HalfStep': cannot import"),
+    ("algorithm.name", '"labfl.algorithm:HalfStp"', "module 'labfl.algorithm' has no 'HalfStp'"),
+    ("algorithm.name", '"labfl.model:Mlp"', "is not an hpcfl algorithm"),
+    ("algorithm.params.stepp", "1.0", "algorithm.params"),
+    ("model.name", '"labfl.model:Mpl"', "model.name = 'labfl.model:Mpl'"),
+    ("data.dataset", '"labfl.data.blobs"', "data.dataset = 'labfl.data.blobs' is unknown"),
+    ("algorithm.regularizers", '{ "labfl.term:Centering" = {} }', "algorithm.regularizers = 'labfl.term:Centering'"),
+    ("algorithm.regularizers", '{ "labfl.term:Centring" = { weight = "x" } }', "algorithm.regularizers.labfl.term"),
+])
+def test_a_bad_plugin_is_refused_before_training_naming_the_key(key, value, message, tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    assert launch([str(path), "--set", f"{key}={value}"]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "plug").exists()                               # nothing ran, no result file
+
+
+@pytest.mark.mpi
+def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path):
+    from mpi4py import MPI
+
+    from hpcfl.runtime.job import run, setup
+    from hpcfl.transport import LocalTransport
+    from hpcfl.transport.mpi import MpiTransport
+
+    comm = MPI.COMM_WORLD
+    root = comm.bcast(str(tmp_path), root=0)
+    config = job_from_dict(apply_overrides(_job(root, "ranks"), []))
+    transport = MpiTransport({}, comm)
+    job = setup(config, transport, None, log=lambda text: None)
+    run(job, log=lambda text: None)
+    if job.recorder:
+        job.recorder.close()
+    transport.close()
+    try:
+        if comm.Get_rank() == 0:
+            one = hpcfl.run(_job(root, "one"), log=lambda text: None)
+            assert_same_metrics(run_metrics(one), run_metrics(tmp_path / "plug" / "ranks.h5"))
+    finally:
+        comm.Barrier()
