@@ -61,6 +61,10 @@ MODULES = {
     "algorithms/fedclassavg": ["tests/algorithms/test_fedclassavg.py"],
     "algorithms/fedcme": ["tests/algorithms/test_fedcme.py"],
     "algorithms/fedma": ["tests/algorithms/test_fedma.py"],
+    "algorithms/fedproto": ["tests/algorithms/test_fedclassavg.py"],
+    "algorithms/personal": ["tests/algorithms/test_fedclassavg.py", "tests/algorithms/test_baselines.py"],
+    "algorithms/local": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_fedma.py"],
+    "plugins": ["tests/test_plugins.py", "tests/test_config.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
@@ -209,7 +213,7 @@ def mutated_source(source: str, index: int) -> str:
 def _copy_tree(into: Path) -> Path:
     target = into / "tree"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache", "results", ".venv", ".git")
-    for name in ("hpcfl", "tests"):
+    for name in ("hpcfl", "tests", "jobs"):
         shutil.copytree(ROOT / name, target / name, ignore=ignore)
     shutil.copy(ROOT / "pytest.ini", target)
     return target

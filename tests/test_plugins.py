@@ -100,3 +100,19 @@ def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path)
             assert_same_metrics(run_metrics(one), run_metrics(tmp_path / "plug" / "ranks.h5"))
     finally:
         comm.Barrier()
+
+
+def test_registries_hold_the_built_ins_and_answer_membership_without_raising():
+    from hpcfl.algorithms import ALGORITHMS
+    from hpcfl.models import MODELS
+    from hpcfl.plugins import plugins
+
+    assert "fedavg" in ALGORITHMS and "fedavg" in set(ALGORITHMS) and len(ALGORITHMS) == len(set(ALGORITHMS))
+    assert ALGORITHMS["fedavg"] is hpcfl.FedAvg
+    assert "labfl.model:Mlp" in MODELS and "nope" not in MODELS and "labfl.model:Nope" not in MODELS
+    recorded = plugins({"model.name": ["sklearn.linear_model:Ridge", "fmnist_cnn"], "data.dataset": ["labfl.data:blobs"]})
+    from importlib import metadata
+
+    assert recorded == {"sklearn.linear_model:Ridge": {"key": "model.name", "module": "sklearn.linear_model",
+                                                       "version": metadata.version("scikit-learn")},
+                        "labfl.data:blobs": {"key": "data.dataset", "module": "labfl.data", "version": None}}

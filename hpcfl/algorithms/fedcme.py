@@ -15,7 +15,8 @@ worker, point to point across ranks). `second`: clients finish the E epochs and 
   class has one). Local features (eq. 5) are accumulated over all E epochs of training (Algorithm 2
   lines 11-12, 18); the global features average them over the cohort, a client's missing classes
   filled with the current global feature (the memory mechanism, eq. 6), through the anchor
-  collective (hpcfl.anchors.uniform_contribution).
+  collective (hpcfl.anchors.uniform_contribution). They take the place of FedFM's anchors, so `check`
+  refuses any feature-matching term (built-in or plug-in: whatever `needs_anchors`).
 - Evaluation vector (eq. 4): per-class accuracy of the trained local model on a random 20 % of its
   data (drawn per seed, round and client; classes absent there count 0). A client never evaluated
   yet has the all-ones vector (ours: "no information"), and ties in the matching go to the earlier
@@ -38,7 +39,7 @@ from hpcfl.anchors import anchor_layouts, initial_anchors, uniform_contribution,
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.payload import Layout
-from hpcfl.regularizers import Regularizer
+from hpcfl.regularizers import REGULARIZERS, Regularizer
 from hpcfl.seeding import cohort_schedule, numpy_rng
 
 FEATURES, PARTNERS, EVALUATION = "features", "partners", "evaluation"
@@ -100,7 +101,7 @@ class FeatureAlignment(Regularizer):
 
 
 class FedCME(FedAvg):
-    name, anchor_phase = "fedcme", False
+    name = "fedcme"
 
     @dataclass(frozen=True)
     class Params:
@@ -120,8 +121,10 @@ class FedCME(FedAvg):
     @classmethod
     def check(cls, job):
         super().check(job)
-        if any(n in ("fm_cg", "fm_l2") for n in job.algorithm.regularizers):
-            raise ConfigError("fedcme sends its own global features; drop fm_cg / fm_l2 from algorithm.regularizers")
+        matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
+        if matching:
+            raise ConfigError(f"fedcme sends its own global features, not FedFM's anchors: drop {matching} from "
+                              "algorithm.regularizers")
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

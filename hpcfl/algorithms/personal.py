@@ -10,12 +10,14 @@ data.validation_fraction.
 from hpcfl.algorithms.base import Algorithm, Tensors
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
+from hpcfl.regularizers import REGULARIZERS
 
 OWN = "model."
 
 
 class Personal(Algorithm):
-    global_model, heterogeneous, anchor_phase = False, True, False
+    global_model = False
+    heterogeneous = True
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
@@ -24,9 +26,10 @@ class Personal(Algorithm):
     @classmethod
     def check(cls, job):
         super().check(job)
-        if job.algorithm.regularizers.keys() & {"fm_cg", "fm_l2"}:
+        matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
+        if matching:
             raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
-                              "drop fm_cg / fm_l2 from algorithm.regularizers")
+                              f"drop {matching} from algorithm.regularizers")
         if not cls.client_test and job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
             raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
                               "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "

@@ -23,12 +23,12 @@ class Scalar(nn.Module):
         return self.features(x)
 
 
-def make(name, net, params=None, num_clients=4, **sections):
+def make(name, net, params=None, num_clients=4, classes=2, **sections):
     """The algorithm `name` for the model `net` in a job with `sections` (e.g. train={"lr": 0.1})."""
     job = job_from_dict({"algorithm": {"name": name, "params": params or {}},
                          "data": {"num_clients": num_clients, "local_test_ratio": 0.3},
                          "train": {"clients_per_round": 1}, **sections})
-    counts = np.ones((num_clients, 2), dtype=np.int64)
+    counts = np.ones((num_clients, classes), dtype=np.int64)
     return ALGORITHMS[name](algorithm_params(name, params or {}), Setup.of(job, net, counts, test_size=2))
 
 

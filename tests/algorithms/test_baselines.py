@@ -324,3 +324,49 @@ def test_feddyn_default_alpha_is_the_documented_one_and_params_are_frozen():
     assert params.alpha == 0.01                     # README: `alpha` (0.01)
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.alpha = 0.1
+
+
+class _Affine(nn.Module):
+    """Two-class logits (w * x, 0): a trained w moves the vote a known way."""
+
+    def __init__(self, value=1.0):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(value))
+        self.classifier = nn.Identity()
+
+    def features(self, x):
+        return x
+
+    def forward(self, x):
+        return torch.cat([self.w * x, torch.zeros_like(x)], dim=1)
+
+
+def test_ensemble_clients_vote_with_their_trained_model_on_evaluation_rounds_only():
+    algo = make("ensemble", _Affine(), num_clients=2, train={"clients_per_round": 2}, eval={"every": 2},
+                run={"rounds": 4})
+    assert algo.client_test and not algo.global_model
+    assert [bool(p.uplink) for r in range(4) for p in algo.plan(r)] == [False, True, False, True]
+    state = algo.init_server_state(_Affine())
+    assert torch.equal(state["probs"], torch.full((2, 2), 0.5))              # no vote yet: uniform
+    me = client(0)
+    me.test_set = torch.tensor([[1.0], [-1.0]]), torch.tensor([0, 0])
+    model = _Affine()
+    me.state = algo.init_client_state(me, _Affine(1.0))
+    quiet, _ = algo.client_update(algo.plan(0)[0], 0, me, {}, model, StepTrainer(target=2.0))
+    assert quiet == {}                                                       # not an evaluation round
+    (vote, weight), = algo.client_update(algo.plan(1)[0], 1, me, {}, model, StepTrainer(shift=1.0))[0].values()
+    p = torch.sigmoid(torch.tensor(3.0)).item()                              # w = 2 + 1: logits (3x, 0)
+    assert weight == 1.0 and vote["#weight"].item() == 1.0
+    torch.testing.assert_close(vote["probs"], torch.tensor([[p, 1 - p], [1 - p, p]]))
+    me.test_set = torch.tensor([[1.0], [2.0], [-1.0]]), torch.tensor([0, 0, 0])
+    metrics = algo.client_update(algo.plan(3)[0], 3, me, {}, model, StepTrainer(shift=1.0))[1]
+    assert metrics["test_acc"] == pytest.approx(2 / 3)                       # right on x = 1, 2; wrong on x = -1
+
+
+def test_ensemble_needs_every_client_every_round():
+    with pytest.raises(ConfigError, match="train.clients_per_round = data.num_clients"):
+        job_from_dict({"algorithm": {"name": "ensemble"}, "data": {"num_clients": 4, "local_test_ratio": 0.3},
+                       "train": {"clients_per_round": 3}})
+    with pytest.raises(ConfigError, match="no global model to compute FedFM's anchors"):    # Personal's rules too
+        job_from_dict({"algorithm": {"name": "ensemble", "regularizers": ["fm_cg"]}, "data": {"num_clients": 4},
+                       "train": {"clients_per_round": 4}})

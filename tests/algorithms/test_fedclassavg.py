@@ -301,3 +301,43 @@ def test_fedclassavg_defaults_and_rules_name_their_keys():
     ablation = ALGORITHMS["fedclassavg"](algorithm_params("fedclassavg", {"supcon_weight": 0.0}),
                                          Setup.of(job, net, np.ones((20, 10), dtype=np.int64)))
     assert ablation.regularizers[0].params.weight == 0.0 and algorithm.regularizers[0].params.weight == 1.0
+
+
+def test_fedproto_skips_classes_without_a_prototype_keeps_each_clients_model_and_checks_its_params():
+    algo = make("fedproto", Tiny(), {}, algorithm={"name": "fedproto", "regularizers": ["prox"]})
+    assert algo.params.weight == 1.0 and [t.name for t in algo.regularizers] == ["proto", "prox"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        algo.params.weight = 2.0
+    term = algo.regularizers[0]
+    known = {"anchors": torch.tensor([[1.0, 1.0], [0.0, 0.0]]), "known": torch.tensor([1.0, 0.0])}
+    term.start(None, client(0), 0, {ANCHORS: known})
+    features = torch.tensor([[1.0, 3.0], [5.0, 5.0]])
+    # class 1 has no prototype yet: only sample 0 counts, (0, 2) off -> MSE 2
+    assert term.loss(None, None, torch.tensor([0, 1]), features, None).item() == pytest.approx(2.0)
+    assert term.loss(None, None, torch.tensor([1, 1]), features, None) is None
+    phase, me = algo.plan(0)[0], client(0, samples=2)
+    me.x, me.y = torch.ones(2, 2), torch.tensor([0, 1])
+    algo.init_client_state(me, Tiny(1.0))
+    server = algo.init_server_state(Tiny())
+    for round in range(2):                           # the client's own model carries over: 1 -> 1.5 -> 2
+        model = Tiny(-9.0)
+        algo.client_update(phase, round, me, algo.downlink(phase, round, server), model, StepTrainer(shift=0.5))
+    assert torch.equal(me.state["model.classifier.bias"], torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("data, ok", [({}, False), ({"validation_fraction": 0.2}, True), ({"local_test_ratio": 0.3}, True)])
+def test_personalised_accuracy_needs_held_out_data_of_the_clients(data, ok):
+    job = {"algorithm": {"name": "local_only"}, "data": {"num_clients": 4, **data}, "train": {"clients_per_round": 2}}
+    if ok:
+        job_from_dict(job)
+    else:
+        with pytest.raises(ConfigError, match="set data.local_test_ratio"):
+            job_from_dict(job)
+    job_from_dict({**job, "algorithm": {"name": "ensemble"}, "train": {"clients_per_round": 4}})   # tests globally
+
+
+@pytest.mark.parametrize("term", ["fm_l2", "hpcfl.regularizers.matching:ContrastiveGuiding"])
+def test_personalised_algorithms_refuse_feature_matching_by_name_or_import_path(term):
+    with pytest.raises(ConfigError, match=r"no global model to compute FedFM's anchors with: drop \["):
+        job_from_dict({"algorithm": {"name": "local_only", "regularizers": [term]},
+                       "data": {"num_clients": 4, "local_test_ratio": 0.3}, "train": {"clients_per_round": 2}})
