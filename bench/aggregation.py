@@ -85,20 +85,11 @@ class Bench:
 
 
 # -- the payloads ---------------------------------------------------------------------------------
-def replaying(algorithm_class):
-    """`algorithm_class` whose clients return a fixed contribution per phase instead of training."""
-    class Replay(algorithm_class):
-        contributions: dict = {}            # payload name -> (tensors, weight), set by the caller
-
-        def update_client(self, phase, round, client, downlink, model, trainer):
-            return {name: self.contributions[name] for name in phase.uplink}, {}
-    return Replay
-
-
 def fedfm_resnet18(clients_here: list[int]):
     """(algorithm, worker or None, server or None, model) of FedFM on a ResNet-18, its anchor phase from
-    round 0; the worker hosts `clients_here`, whose contributions are set in algorithm.contributions."""
+    round 0; the worker hosts `clients_here`, whose contributions are set in worker.contributions."""
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
+    from hpcfl.algorithms.anchored import wrap
     from hpcfl.algorithms.base import Client, Setup
     from hpcfl.config import load_job
     from hpcfl.models import build_model
@@ -109,10 +100,18 @@ def fedfm_resnet18(clients_here: list[int]):
                          'data.dataset="cifar10"'])
     model = build_model("resnet18", (3, 32, 32), 10)
     setup = Setup.of(job, model, np.ones((job.data.num_clients, 10), dtype=np.int64))
-    algorithm = replaying(ALGORITHMS["fedfm"])(algorithm_params("fedfm", job.algorithm.params), setup)
+    algorithm = wrap(ALGORITHMS["fedfm"](algorithm_params("fedfm", job.algorithm.params), setup))
+
+    class Replay(Worker):
+        """Clients return a fixed contribution per payload instead of training."""
+        contributions: dict = {}            # payload name -> (tensors, weight), set by the caller
+
+        def client_update(self, phase, round, client, received, model, trainer):
+            return {name: self.contributions[name] for name in phase.uplink}, {}
+
     clients = {c: Client(c, torch.zeros(1, 3, 32, 32), torch.zeros(1, dtype=torch.long), np.ones(10), "resnet18")
                for c in clients_here}
-    worker = Worker(algorithm, clients, {"resnet18": model}, None, "cpu", 10, 1) if clients else None
+    worker = Replay(algorithm, clients, {"resnet18": model}, None, "cpu", 10, 1) if clients else None
     server = None if clients else Server(algorithm, model, torch.zeros(1, 3, 32, 32), torch.zeros(1, dtype=torch.long),
                                          1, "cpu")
     return algorithm, worker, server, model
@@ -190,12 +189,14 @@ def rank_main(reps: int, warmup: int, per_worker: int) -> None:
     bench, transport = Bench(comm, reps, warmup), MpiTransport({}, comm)
     cohort = list(range(workers * per_worker))
     algorithm, worker, server, model = fedfm_resnet18([c for c in cohort if c % workers + 1 == rank])
-    anchor_phase, train_phase = algorithm.phases(0)
+    anchor_phase, train_phase = algorithm.plan(0)
     classes, dim = algorithm.setup.num_classes, algorithm.setup.feature_dim
-    algorithm.contributions = {
+    contributions = {
         "model": ({**model.state_dict(), WEIGHT: ONE}, 500.0),
         "anchors": ({"sums": torch.rand(classes, dim, dtype=torch.float64),
                      "counts": torch.full((classes,), 50.0, dtype=torch.float64)}, 1.0)}
+    if worker:
+        worker.contributions = contributions
     bench.print(f"mpirun -np {comm.Get_size()} (server + {workers} workers), {per_worker} client(s) per worker; "
                 f"median of {reps} after {warmup} warm-up(s), each the slowest rank's time")
 

@@ -13,9 +13,9 @@ import sys
 import torch
 
 from hpcfl import launch
-from hpcfl.algorithms.base import Algorithm
+from hpcfl.runtime.worker import Worker
 
-_update = Algorithm.update_client
+_update = Worker.client_update
 FAULT, ROUND = os.environ["HPCFL_FAULT"], int(os.environ.get("HPCFL_FAULT_ROUND", "1")) - 1
 ON_RANK_2 = os.environ.get("PMI_RANK") == "2"
 
@@ -35,5 +35,5 @@ def _faulty_update(self, phase, round, client, *args):
     return _update(self, phase, round, client, *args)
 
 
-Algorithm.update_client = _faulty_update
+Worker.client_update = _faulty_update
 sys.exit(launch.main())

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from hpcfl.algorithms.anchored import matching_term, wrap
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import ONE, WEIGHT, Client, Setup
 from hpcfl.anchors import ANCHORS
@@ -274,9 +275,13 @@ def test_a_feature_matching_term_opens_its_rounds_with_fedfms_anchor_phase():
                          "data": {"num_clients": 2}, "train": {"clients_per_round": 2}})
     setup = Setup.of(job, TinyNet(), np.ones((2, 3), dtype=np.int64))
     algo = ALGORITHMS["fedavg"](algorithm_params("fedavg", {}), setup)
-    assert isinstance(algo.matching, L2Matching)
-    assert [p.name for p in algo.phases(0)] == [p.name for p in algo.plan(0)]        # before T_s: none
-    assert [p.name for p in algo.phases(1)] == [ANCHORS, *(p.name for p in algo.plan(1))]
+    assert isinstance(matching_term(algo), L2Matching)
+    wrapped = wrap(algo)
+    assert [p.name for p in wrapped.plan(0)] == [p.name for p in algo.plan(0)]        # before T_s: none
+    assert [p.name for p in wrapped.plan(1)] == [ANCHORS, *(p.name for p in algo.plan(1))]
+    plain = ALGORITHMS["fedavg"](algorithm_params("fedavg", {}), Setup.of(job_from_dict({}), TinyNet(),
+                                                                          np.ones((20, 3), dtype=np.int64)))
+    assert wrap(plain) is plain and wrapped.inner is algo and wrapped.setup is algo.setup     # the rest delegates
 
 
 def test_l2_matching_is_the_mean_squared_distance_to_the_class_anchor():

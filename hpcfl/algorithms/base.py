@@ -15,9 +15,8 @@ A phase may instead be a swap phase (`exchange`: tensors go client to client thr
 `gather_out` tensor going to the server, whose `match` answers with one tensor for all and one per
 client, of any size; FedMA's layer-wise matching).
 
-The runtime calls `phases`, `make_downlink`, `aggregate_uplink`, `receive` and `update_client`,
-which add FedFM's anchor phase (hpcfl.anchors) to any algorithm whose job has a feature-matching
-term, and otherwise hand over to the hooks above.
+The runtime calls these hooks directly. FedFM's anchor phase is not part of the contract: with a
+feature-matching term in the job, the runtime wraps the algorithm (hpcfl.algorithms.anchored).
 
 An algorithm whose `client_update` is plain training from the downlinked model sets `batched`, and
 its workers may then train the sampled clients together (train.batched_clients, hpcfl.batched).
@@ -28,7 +27,6 @@ an algorithm sends `weight * value` (plus the scalar WEIGHT if it needs the norm
 in `aggregate`: weighted averaging costs one reduce whatever the number of clients.
 Algorithms never import MPI; the runtime and the transport never import a concrete algorithm.
 """
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
@@ -36,7 +34,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcfl.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
 from hpcfl.batched import check_job as check_batched
 from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
@@ -113,7 +110,7 @@ class Algorithm:
     name: ClassVar[str]
     client_test: ClassVar[bool] = False     # clients get the global test set as Client.test_set
     sgd_only: ClassVar[str] = ""            # why the algorithm needs train.optimizer = "sgd", if it does
-    anchor_phase: ClassVar[bool] = True     # a feature-matching term adds FedFM's anchor phase to each round
+    anchor_phase: ClassVar[bool] = True     # a feature-matching term wraps it in FedFM's anchor phase (anchored.py)
     global_model: ClassVar[bool] = True     # False: no single global model (local-only, ensemble)
     heterogeneous: ClassVar[bool] = False   # clients may have different architectures (model.architectures)
     batched: ClassVar[bool] = False         # client_update is start_from(downlink["model"]) + self.train (no terms of
@@ -142,15 +139,6 @@ class Algorithm:
     def __init__(self, params: "Algorithm.Params", setup: Setup):
         self.params, self.setup = params, setup
         self.regularizers: list[Regularizer] = build_regularizers(setup.job.algorithm.regularizers, setup.job.run.seed)
-        self.carried: dict[str, Tensors] = {}       # client side: what earlier phases of the round received
-
-    @property
-    def matching(self) -> Regularizer | None:
-        """The feature-matching term (FedFM), if the job has one: it needs global anchors."""
-        return next((t for t in self.regularizers if t.needs_anchors), None)
-
-    def anchors_on(self, round: int) -> bool:
-        return self.matching is not None and round >= self.matching.params.start_round
 
     @classmethod
     def check(cls, job: JobConfig) -> None:
@@ -171,44 +159,9 @@ class Algorithm:
                               f"algorithm '{cls.name}' (its regularizers, model.batchnorm) clients keep state from "
                               "round to round on their worker: use run.placement = 'auto' or 'fixed'")
 
-    # -- what the runtime calls: the algorithm's own hooks plus the anchor phase of feature matching --
-    def phases(self, round: int) -> list[Phase]:
-        """The round's phases. With a feature-matching term (from its start round) the round opens with
-        FedFM's anchor phase, which sends the model; the algorithm's phases then send the anchors
-        instead (the clients keep the model they got)."""
-        own = self.plan(round)
-        if not (self.anchor_phase and self.anchors_on(round)):
-            return own
-        down, up = anchor_layouts(self.setup.num_classes, self.setup.feature_dim)
-        first = Phase(ANCHORS, downlink={"model": self.setup.model_layout, ANCHORS: down}, uplink={ANCHORS: up})
-        return [first, *(dataclasses.replace(p, downlink={**{k: v for k, v in p.downlink.items() if k != "model"},
-                                                          ANCHORS: down}) for p in own)]
-
-    def make_downlink(self, phase: Phase, round: int, server_state: Tensors) -> dict[str, Tensors]:
-        if phase.name == ANCHORS and ANCHORS in phase.uplink:
-            return {"model": self.global_state(server_state), ANCHORS: self.anchor_state(server_state)}
-        payloads = self.downlink(phase, round, server_state) if phase.downlink.keys() - {ANCHORS} else {}
-        if ANCHORS in phase.downlink:
-            payloads[ANCHORS] = self.anchor_state(server_state)
-        return payloads
-
-    def aggregate_uplink(self, phase: Phase, round: int, server_state: Tensors, uplink: dict[str, Tensors]) -> None:
-        if phase.name == ANCHORS and ANCHORS in phase.uplink:
-            update_anchors(self.anchor_state(server_state), uplink[ANCHORS])
-        else:
-            self.aggregate(phase, round, server_state, uplink)
-
     def receive(self, phase: Phase, round: int, downlink: dict[str, Tensors]) -> None:
-        """Every worker rank, once per phase, whether or not it hosts a sampled client."""
-        if phase.name == ANCHORS and ANCHORS in phase.uplink:
-            self.carried = downlink
-
-    def update_client(self, phase: Phase, round: int, client: Client, downlink: dict[str, Tensors],
-                      model: nn.Module, trainer) -> tuple[dict[str, Contribution], dict[str, float]]:
-        if phase.name == ANCHORS and ANCHORS in phase.uplink:
-            self.start_from(model, client, downlink["model"])
-            return {ANCHORS: (self.local_anchors(model, client, downlink), 1.0)}, {}
-        return self.client_update(phase, round, client, {**self.carried, **downlink}, model, trainer)
+        """Every worker rank, once per phase, whether or not it hosts a sampled client (what the
+        phase broadcast; FedMA's matched layer, FedFM-Lite's latest model)."""
 
     def gather_out(self, phase: Phase, round: int, client: Client) -> torch.Tensor:
         """In a matching phase, before the downlink: the tensor this client sends the server."""
@@ -232,21 +185,9 @@ class Algorithm:
         """Take the tensors received from the client's source."""
         raise NotImplementedError
 
-    def anchor_state(self, server_state: Tensors) -> Tensors:
-        """The server's global anchors (views into server_state)."""
-        return {k: server_state[f"{ANCHORS}.{k}"] for k in ("anchors", "known")}
-
-    def local_anchors(self, model: nn.Module, client: Client, received: dict[str, Tensors]) -> Tensors:
-        return local_anchors(model, client.x, client.y, self.setup.job.eval.batch_size,
-                             self.matching.params.anchor_weighting, received[ANCHORS])
-
     # -- server side (rank 0) -------------------------------------------------------------------
     def init_server_state(self, model: nn.Module) -> Tensors:
-        state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
-        if self.matching is not None:
-            state.update({f"{ANCHORS}.{k}": v for k, v in initial_anchors(self.setup.num_classes,
-                                                                          self.setup.feature_dim).items()})
-        return state
+        return {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
 
     def plan(self, round: int) -> list[Phase]:
         raise NotImplementedError

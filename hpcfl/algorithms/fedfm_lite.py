@@ -21,7 +21,7 @@ import torch
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
 from hpcfl.algorithms.fedavg import FedAvg
-from hpcfl.anchors import ANCHORS, anchor_layouts, update_anchors
+from hpcfl.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
 from hpcfl.config import params_from
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import ContrastiveGuiding
@@ -56,6 +56,9 @@ class FedFMLite(FedAvg):
         self.anchor_down, self.anchor_up = anchor_layouts(setup.num_classes, setup.feature_dim)
         self.latest = None       # worker side: the latest global model received
 
+    def init_server_state(self, model):
+        return with_anchors(super().init_server_state(model), self.setup.num_classes, self.setup.feature_dim)
+
     def plan(self, round):
         every, last = self.params.model_every, self.setup.job.run.rounds - 1
         anchors = round >= self.params.start_round - 1
@@ -64,6 +67,12 @@ class FedFMLite(FedAvg):
         up = {**({"model": weighted(self.setup.model_layout)} if (round + 1) % every == 0 or round == last else {}),
               **({ANCHORS: self.anchor_up} if anchors else {})}
         return [Phase("train", downlink=down, uplink=up)]
+
+    def downlink(self, phase, round, server_state):
+        payloads = super().downlink(phase, round, server_state) if "model" in phase.downlink else {}
+        if ANCHORS in phase.downlink:
+            payloads[ANCHORS] = anchor_state(server_state)
+        return payloads
 
     def receive(self, phase, round, downlink):
         if "model" in downlink:
@@ -78,7 +87,8 @@ class FedFMLite(FedAvg):
         metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
         contributions = {}
         if ANCHORS in phase.uplink:
-            contributions[ANCHORS] = (self.local_anchors(model, client, downlink), 1.0)
+            contributions[ANCHORS] = (local_anchors(model, client.x, client.y, self.setup.job.eval.batch_size,
+                                                    self.params.anchor_weighting, downlink[ANCHORS]), 1.0)
         for key in [k for k in client.state if k.startswith(LOCAL) or k == BASE]:
             del client.state[key]
         if "model" in phase.uplink:
@@ -90,6 +100,6 @@ class FedFMLite(FedAvg):
 
     def aggregate(self, phase, round, server_state, uplink):
         if ANCHORS in uplink:
-            update_anchors(self.anchor_state(server_state), uplink[ANCHORS])
+            update_anchors(anchor_state(server_state), uplink[ANCHORS])
         if "model" in uplink:
             super().aggregate(phase, round, server_state, uplink)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from hpcfl.algorithms.base import Phase
 from hpcfl.algorithms.personal import Personal
-from hpcfl.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
+from hpcfl.anchors import ANCHORS, anchor_layouts, anchor_state, initial_anchors, local_anchors, update_anchors
 from hpcfl.regularizers import Regularizer
 
 
@@ -56,7 +56,7 @@ class FedProto(Personal):
         return {f"{ANCHORS}.{k}": v for k, v in initial_anchors(self.setup.num_classes, self.setup.feature_dim).items()}
 
     def downlink(self, phase, round, server_state):
-        return {ANCHORS: self.anchor_state(server_state)}
+        return {ANCHORS: anchor_state(server_state)}
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         start = self.start_own(model, client)
@@ -66,4 +66,4 @@ class FedProto(Personal):
         return {ANCHORS: (sums, 1.0)}, metrics
 
     def aggregate(self, phase, round, server_state, uplink):
-        update_anchors(self.anchor_state(server_state), uplink[ANCHORS])
+        update_anchors(anchor_state(server_state), uplink[ANCHORS])

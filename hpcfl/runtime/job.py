@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
+from hpcfl.algorithms.anchored import wrap
 from hpcfl.algorithms.base import MATCHED, Client, Setup
 from hpcfl.batched import BatchedTrainer
 from hpcfl.config import JobConfig, model_params
@@ -134,8 +135,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     models = build_models(config, data.input_shape, data.num_classes, device)
     model = models[config.architectures[0]]       # the server's (the global model's architecture)
     setup_ = Setup.of(config, model, counts, test_size=int(data.test_y.shape[0]))
-    algorithm = ALGORITHMS[config.algorithm.name](algorithm_params(config.algorithm.name, config.algorithm.params),
-                                                  setup_)
+    algorithm = wrap(ALGORITHMS[config.algorithm.name](algorithm_params(config.algorithm.name, config.algorithm.params),
+                                                       setup_))
     two_views = [t.name for t in algorithm.regularizers if t.views == 2]
     if two_views and data.mean is None:
         raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no images; "
@@ -237,7 +238,7 @@ def run(job: Job, log=print) -> bool:
             tested = evaluation.get("class/test_acc")          # the last round's evaluation, if it had one
             start_acc = tested if tested is not None else job.server.evaluate()["class_acc"]
         phase_s, bytes_down, bytes_up, bytes_exchange = {}, {}, {}, {}
-        for phase in job.algorithm.phases(round):
+        for phase in job.algorithm.plan(round):
             phase_start = time.perf_counter()
             downlink, replies = _match(job, phase, round, cohort, hosted, bytes_up, bytes_down) if phase.gather else ({}, None)
             packed = job.server.downlink(phase, round) if job.server else {}

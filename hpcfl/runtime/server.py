@@ -26,8 +26,10 @@ class Server:
 
     def downlink(self, phase: Phase, round: int) -> dict[str, np.ndarray]:
         """The phase's broadcast payloads, each packed into one float32 buffer."""
+        if not phase.downlink:
+            return {}
         start = time.perf_counter()
-        payloads = self.algorithm.make_downlink(phase, round, self.state)
+        payloads = self.algorithm.downlink(phase, round, self.state)
         out = {name: layout.pack(payloads[name], dtype=torch.float32).cpu().numpy()
                for name, layout in phase.downlink.items()}
         self.compute_s += time.perf_counter() - start
@@ -37,7 +39,7 @@ class Server:
         start = time.perf_counter()
         uplink = {name: layout.unpack(torch.from_numpy(sums[name]).to(self.device))
                   for name, layout in phase.uplink.items()}
-        self.algorithm.aggregate_uplink(phase, round, self.state, uplink)
+        self.algorithm.aggregate(phase, round, self.state, uplink)
         self.compute_s += time.perf_counter() - start
 
     def match(self, phase: Phase, round: int, gathered: dict[int, np.ndarray]) -> tuple[np.ndarray, dict[int, np.ndarray]]:

@@ -49,8 +49,7 @@ class Worker:
             client.state = {k: v.to(self.device) for k, v in client.state.items()}
             received = downlink if replies is None else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}}
             try:
-                contributions, metrics = self.algorithm.update_client(phase, round, client, received,
-                                                                      model, trainer)
+                contributions, metrics = self.client_update(phase, round, client, received, model, trainer)
             except Exception as err:
                 err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
@@ -76,6 +75,10 @@ class Worker:
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start
         return {name: buf.cpu().numpy() for name, buf in sums.items()}
+
+    def client_update(self, phase: Phase, round: int, client: Client, received: dict, model, trainer):
+        """One client's update: the one place the worker hands a client to the algorithm."""
+        return self.algorithm.client_update(phase, round, client, received, model, trainer)
 
     def _trainer(self, phase: Phase, round: int, hosted: list[int], downlink: dict):
         """What the clients' updates train with: their results, trained together up front, where the

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from algorithms.helpers import Scalar, StepTrainer, client, make, sums
+from hpcfl.algorithms.anchored import wrap
 from hpcfl.algorithms.base import ONE, WEIGHT, Client
-from hpcfl.anchors import ANCHORS
 from hpcfl.algorithms.fednova import STEPS, normalising_steps
+from hpcfl.anchors import ANCHORS, anchor_state
 from hpcfl.config import job_from_dict
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import Linear, Prox
@@ -214,13 +215,13 @@ def test_fedfm_lite_sends_models_every_a_rounds_and_anchors_every_round():
     assert [("model" in p.downlink) for p in plans] == [True, False, False, True, False, False, True, False]
     assert [("model" in p.uplink) for p in plans] == [False, False, True, False, False, True, False, True]
     assert [("anchors" in p.uplink) for p in plans] == [False, True, True, True, True, True, True, True]
-    assert algo.phases(4) == algo.plan(4)                 # no separate anchor phase: one handshake
+    assert wrap(algo) is algo                             # no separate anchor phase: one handshake
 
 
 def test_fedfm_opens_each_round_from_its_start_with_the_anchor_phase():
-    algo = make("fedfm", Scalar(), {"start_round": 2})
-    assert [p.name for p in algo.phases(1)] == ["train"]
-    anchor, train = algo.phases(2)
+    algo = wrap(make("fedfm", Scalar(), {"start_round": 2}))
+    assert [p.name for p in algo.plan(1)] == ["train"]
+    anchor, train = algo.plan(2)
     assert anchor.name == "anchors" and set(anchor.downlink) == {"model", "anchors"} and set(anchor.uplink) == {"anchors"}
     assert set(train.downlink) == {"anchors"}               # the model went out once, with the anchor phase
     assert set(train.uplink) == {"model"}
@@ -258,9 +259,9 @@ def test_fedfm_lite_upload_round_averages_what_every_client_trained_since_the_mo
     clients = [client(k, samples=k + 1) for k in range(4)]
     for round in (0, 1):
         phase = algo.plan(round)[0]
-        downlink = algo.make_downlink(phase, round, state)
+        downlink = algo.downlink(phase, round, state)
         algo.receive(phase, round, downlink)
-        ups = [algo.update_client(phase, round, c, downlink, Scalar(-7.0), StepTrainer(shift=c.id))[0]
+        ups = [algo.client_update(phase, round, c, downlink, Scalar(-7.0), StepTrainer(shift=c.id))[0]
                for c in clients]              # each on a model holding junk: it starts from the right one
         assert ("model" in ups[0]) == (round == 1)
         algo.aggregate(phase, round, state, {name: sums(phase.uplink[name], *(u[name] for u in ups))
@@ -290,15 +291,15 @@ def test_fedfm_lite_clients_send_anchors_of_the_model_they_just_trained():
                 run={"rounds": 4}, train={"clients_per_round": 2})
     state = algo.init_server_state(Featured())
     phase = algo.plan(0)[0]
-    downlink = algo.make_downlink(phase, 0, state)
+    downlink = algo.downlink(phase, 0, state)
     algo.receive(phase, 0, downlink)
     clients = [Client(0, torch.tensor([[1.0], [2.0]]), torch.tensor([0, 1]), np.array([1, 1])),
                Client(1, torch.tensor([[3.0]]), torch.tensor([0]), np.array([1, 0]))]
-    ups = [algo.update_client(phase, 0, c, downlink, Featured(-7.0), StepTrainer(shift=c.id + 1.0))[0]
+    ups = [algo.client_update(phase, 0, c, downlink, Featured(-7.0), StepTrainer(shift=c.id + 1.0))[0]
            for c in clients]
     assert set(ups[0]) == {ANCHORS}
-    algo.aggregate_uplink(phase, 0, state, {ANCHORS: sums(phase.uplink[ANCHORS], *(u[ANCHORS] for u in ups))})
-    anchors = algo.anchor_state(state)
+    algo.aggregate(phase, 0, state, {ANCHORS: sums(phase.uplink[ANCHORS], *(u[ANCHORS] for u in ups))})
+    anchors = anchor_state(state)
     assert anchors["anchors"][:, 0].tolist() == pytest.approx([(2.0 + 9.0) / 2, 4.0])
     assert anchors["known"].tolist() == [1.0, 1.0]
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from algorithms.helpers import StepTrainer, client, make, sums
 from hpcfl.algorithms.base import WEIGHT, Client
-from hpcfl.anchors import ANCHORS
+from hpcfl.anchors import ANCHORS, anchor_state
 from hpcfl.config import job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
@@ -152,7 +152,7 @@ def test_fedproto_trains_towards_the_global_prototypes_and_sends_class_sums():
     algo.aggregate(phase, 0, server, {ANCHORS: sums(phase.uplink[ANCHORS], up[ANCHORS], (other, 1.0))})
     assert torch.allclose(server["anchors.anchors"], torch.tensor([[1.0, 1.0], [1.0, 2.0]]))
     term = algo.regularizers[0]
-    term.start(None, me, 1, {ANCHORS: algo.anchor_state(server)})
+    term.start(None, me, 1, {ANCHORS: anchor_state(server)})
     features = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
     # class 0: (1, 0) off its prototype, class 1: on it -> MSE = 1 / 4, times lambda = 2
     assert term.loss(None, None, torch.tensor([0, 1]), features, None).item() == pytest.approx(0.5)

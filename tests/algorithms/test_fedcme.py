@@ -227,8 +227,8 @@ def _round(server, side, clients, state, round, trainer):
     job = server.setup.job
     cohort = [int(c) for c in cohort_schedule(SEED, job.run.rounds, len(clients), job.train.clients_per_round)[round]]
     model, out = Two(classes=3), {}
-    for phase in server.phases(round):
-        payloads = server.make_downlink(phase, round, state) if phase.downlink else {}
+    for phase in server.plan(round):
+        payloads = server.downlink(phase, round, state) if phase.downlink else {}
         downlink = {n: layout.unpack(layout.pack(payloads[n], dtype=torch.float32))
                     for n, layout in phase.downlink.items()}
         if PARTNERS in downlink:
@@ -240,12 +240,12 @@ def _round(server, side, clients, state, round, trainer):
         side.receive(phase, round, downlink)
         updates = {}
         for c in cohort:             # the contributions hold the shared model's tensors: copied at once
-            contributions, metrics = side.update_client(phase, round, clients[c], downlink, model, trainer)
+            contributions, metrics = side.client_update(phase, round, clients[c], downlink, model, trainer)
             updates[c] = {n: ({k: v.clone() for k, v in t.items()}, w) for n, (t, w) in contributions.items()}, metrics
         out[phase.name] = {c: (*updates[c], {k: v.clone() for k, v in clients[c].state.items()}) for c in cohort}
         if phase.uplink:
-            server.aggregate_uplink(phase, round, state, {n: sums(layout, *(updates[c][0][n] for c in cohort))
-                                                          for n, layout in phase.uplink.items()})
+            server.aggregate(phase, round, state, {n: sums(layout, *(updates[c][0][n] for c in cohort))
+                                                   for n, layout in phase.uplink.items()})
     return out
 
 

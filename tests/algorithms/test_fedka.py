@@ -8,15 +8,15 @@ from torch import nn
 
 from algorithms.helpers import client
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
-from hpcfl.algorithms.base import Algorithm, Setup
+from hpcfl.algorithms.base import Setup
 from hpcfl.config import job_from_dict
-from hpcfl.data.partition import shared_set
+from hpcfl.data.partition import class_categories, shared_set
 from hpcfl.errors import ConfigError
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
-from hpcfl.data.partition import class_categories
 from hpcfl.regularizers import KnowledgeAnchor
 from hpcfl.runtime.job import FORGETTING_XI
+from hpcfl.runtime.worker import Worker
 
 COUNTS = np.array([50, 3, 0, 0, 47])            # gamma 0.1: dominant {0, 4}, non-dominant {1}, missing {2, 3}
 
@@ -193,7 +193,7 @@ def test_forgetting_needs_a_global_model():
 
 
 def test_a_dropped_client_has_no_forgetting_degree(tiny_job, tmp_path, monkeypatch):
-    update = Algorithm.update_client
+    update = Worker.client_update
 
     def nan_inputs(self, phase, round, client, *args):              # client 1 trains on NaN in round 1 (0-based)
         if round == 1 and client.id == 1:
@@ -204,7 +204,7 @@ def test_a_dropped_client_has_no_forgetting_degree(tiny_job, tmp_path, monkeypat
                 client.x = x
         return update(self, phase, round, client, *args)
 
-    monkeypatch.setattr(Algorithm, "update_client", nan_inputs)
+    monkeypatch.setattr(Worker, "client_update", nan_inputs)
     assert main([str(tiny_job("fedka", rounds=2)), "--results-root", str(tmp_path), "--set", "run.name='ka'",
                  "--set", "eval.forgetting=true", "--set", "train.clients_per_round=6",
                  "--set", "train.on_nonfinite='drop'"]) == 0
