@@ -44,6 +44,7 @@ MODULES = {
     "transport/base": ["tests/transport/test_local.py"],
     "anchors": ["tests/test_anchors.py"],
     "data/partition": ["tests/data/test_partition.py"],
+    "data/splits": ["tests/data/test_partition.py", "tests/algorithms/test_fedka.py"],
     "analysis/tables": ["tests/analysis/test_tables.py"],
     "analysis/paired": ["tests/analysis/test_tables.py"],
     "regularizers/weights": ["tests/test_regularizers.py"],

@@ -9,6 +9,10 @@ per-tensor mean squared difference times rho / 2, as the authors' code computes 
 averages the classifiers weighted by |D_k| (eq. 3). The classifier is a parameter-selected payload:
 one sum-reduction of (512 + 1) * C + 1 floats per round.
 
+`supcon_weight` scales the contrastive loss; 0 is Table 4's ablation CA + PR (the paper's), with
+the two augmented views kept, so that it differs from the full method in the contrastive loss alone
+and its cross-entropy sees the same augmented view (ours; the paper does not say).
+
 `share = "all"` is the homogeneous scenario of Table 3 ("+weight"): the whole model is averaged,
 the proximal term still on the classifier only. Defaults follow the paper: Table 1's CIFAR-10 rho,
 the standard SupCon (normalised features, temperature 0.07), no warm-up.

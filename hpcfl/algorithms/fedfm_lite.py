@@ -9,7 +9,8 @@ T_s has them); models every `model_every` = a rounds: the server broadcasts the 
 0, a, 2a, ... and clients upload theirs at rounds a-1, 2a-1, ... and the last. In between, a
 client continues from its own local model; one that has not trained since the latest global
 model starts from that model (every worker keeps the latest broadcast). The byte counters show
-the saving: roughly a times fewer model bytes.
+the saving: roughly a times fewer model bytes. Anchors travel inside its own phase, so the runtime
+does not wrap it in FedFM's separate anchor phase (`anchor_phase = False`, hpcfl.algorithms.anchored).
 
 The paper has every client train every round. With a > 1 we require that (our choice, refused at
 config time otherwise): under partial participation a client sampled between model rounds but not

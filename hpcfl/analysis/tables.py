@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from hpcfl.analysis.results import Results
-from hpcfl.data.partition import class_categories
+from hpcfl.data.splits import class_categories
 
 
 SELECTION = "round/val_acc"       # what picks a run's round: the global model on the clients' held-out data

@@ -1,8 +1,9 @@
 """Which training samples each federated client holds.
 
 A partition depends only on (labels, num_clients, scheme, params, seed), never on the MPI rank or the
-process count, so every rank computes the same split without any communication. The same holds for the
-per-client validation split and local test sets, which draw from generators keyed by the client.
+process count, so every rank computes the same split without any communication. What is drawn around
+a partition (the subset it partitions, validation and local test samples, FedKA's shared set) is in
+hpcfl.data.splits.
 """
 import inspect
 from typing import Callable
@@ -40,11 +41,11 @@ def _dirichlet_counts(class_sizes: np.ndarray, num_clients: int, beta: float,
     return counts
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
@@ -54,12 +55,12 @@ def _require(key: str, value, ok: bool, rule: str) -> None:
         raise ConfigError(f"data.partition_params.{key} = {value!r}: {rule}")
 
 
-def _round_half_up(x: float) -> int:
+def round_half_up(x: float) -> int:
     """Python's round() rounds halves to even; sizes here round 2.5 up, as a reader expects."""
     return int(np.floor(x + 0.5))
 
 
-def _apportion(total: int, weights: np.ndarray) -> np.ndarray:
+def apportion(total: int, weights: np.ndarray) -> np.ndarray:
     """Integers summing to `total` in proportion to `weights` (largest remainder: each within 1 of exact)."""
     exact = total * weights / weights.sum()
     counts = np.floor(exact).astype(np.int64)
@@ -84,7 +85,7 @@ def _deal(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> l
 def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_samples: int,
               *, beta: float) -> list[np.ndarray]:
     """Per class, client shares ~ Dir(beta) (NIID-Bench / FedMA); redrawn until every client has min_samples."""
-    _require("beta", beta, _is_number(beta) and beta > 0,
+    _require("beta", beta, is_number(beta) and beta > 0,
              "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
     class_sizes = np.unique(labels, return_counts=True)[1]
     for _ in range(_MAX_ATTEMPTS):
@@ -107,9 +108,9 @@ def dirichlet_equal(labels: np.ndarray, num_clients: int, rng: np.random.Generat
     Each client draws class proportions ~ Dir(beta) and takes them from the classes' remaining pools,
     renormalising over the classes not yet used up; a leftover of fewer than num_clients samples is unused.
     """
-    _require("beta", beta, _is_number(beta) and beta > 0,
+    _require("beta", beta, is_number(beta) and beta > 0,
              "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
-    _require("size", size, _is_int(size) and 0 <= size * num_clients <= len(labels),
+    _require("size", size, is_int(size) and 0 <= size * num_clients <= len(labels),
              f"must be an integer with size x num_clients <= {len(labels)} samples (0: all of them, split equally)")
     left = np.unique(labels, return_counts=True)[1]
     counts = np.zeros((len(left), num_clients), dtype=np.int64)
@@ -118,7 +119,7 @@ def dirichlet_equal(labels: np.ndarray, num_clients: int, rng: np.random.Generat
         need = size or len(labels) // num_clients
         while need:  # each pass either fills the client or exhausts a class
             open_share = share * (left > 0)
-            take = np.minimum(_apportion(need, open_share if open_share.sum() > 0 else left), left)
+            take = np.minimum(apportion(need, open_share if open_share.sum() > 0 else left), left)
             counts[:, client] += take
             left -= take
             need -= take.sum()
@@ -162,7 +163,7 @@ def classes_per_client(labels: np.ndarray, num_clients: int, rng: np.random.Gene
                        *, k: int) -> list[np.ndarray]:
     """FedClassAvg's "skewed" split (k = 2): every client holds exactly k distinct classes."""
     num_classes = len(np.unique(labels))
-    _require("k", k, _is_int(k) and 1 <= k <= num_classes,
+    _require("k", k, is_int(k) and 1 <= k <= num_classes,
              f"must be an integer from 1 to the number of classes in the training set ({num_classes})")
     sets = _class_sets(num_classes, num_clients, k, rng)
     held = np.zeros((num_classes, num_clients), dtype=bool)
@@ -180,8 +181,8 @@ def dominant(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
     classes, class_sizes = np.unique(labels, return_counts=True)
     num_classes = len(classes)
     for key, value in (("n_dominant", n_dominant), ("n_other", n_other)):
-        _require(key, value, _is_int(value) and value >= 0, "must be an integer >= 0 (samples per class per client)")
-    _require("dominant_classes", dominant_classes, _is_int(dominant_classes) and 1 <= dominant_classes <= num_classes,
+        _require(key, value, is_int(value) and value >= 0, "must be an integer >= 0 (samples per class per client)")
+    _require("dominant_classes", dominant_classes, is_int(dominant_classes) and 1 <= dominant_classes <= num_classes,
              f"must be an integer from 1 to the number of classes in the training set ({num_classes})")
     clients = np.arange(num_clients)[:, None]
     is_dominant = np.zeros((num_classes, num_clients), dtype=bool)
@@ -207,7 +208,7 @@ def missing(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, x
     the clients that hold it.
     """
     num_classes = len(np.unique(labels))
-    _require("x", x, _is_int(x) and 0 <= x < num_classes,
+    _require("x", x, is_int(x) and 0 <= x < num_classes,
              f"must be an integer from 0 to {num_classes - 1}: each client must keep at least one of the "
              f"{num_classes} classes in the training set")
     held = np.ones((num_classes, num_clients), dtype=bool)
@@ -225,10 +226,10 @@ def quantity_skew(labels: np.ndarray, num_clients: int, rng: np.random.Generator
         raise ConfigError("quantity_skew needs exactly one of data.partition_params.beta (Dirichlet client "
                           "shares) or data.partition_params.sigma (log-normal client sizes)")
     if beta is not None:
-        _require("beta", beta, _is_number(beta) and beta > 0,
+        _require("beta", beta, is_number(beta) and beta > 0,
                  "must be a number > 0 (small, e.g. 0.5, gives very unequal sizes; large gives near-equal)")
     else:
-        _require("sigma", sigma, _is_number(sigma) and sigma >= 0,
+        _require("sigma", sigma, is_number(sigma) and sigma >= 0,
                  "must be a number >= 0 (0 gives equal sizes; larger, e.g. 1, more unequal)")
     for _ in range(_MAX_ATTEMPTS):
         if beta is not None:
@@ -236,7 +237,7 @@ def quantity_skew(labels: np.ndarray, num_clients: int, rng: np.random.Generator
         else:  # log-normal weights, scaled by the largest so exp() cannot overflow
             z = rng.standard_normal(num_clients)
             share = np.exp(sigma * (z - z.max()))
-        sizes = _apportion(len(labels), share)
+        sizes = apportion(len(labels), share)
         if sizes.min() >= min_samples:
             break
     else:
@@ -288,9 +289,9 @@ def check_params(scheme: str, params: dict) -> dict:
             raise ConfigError(f"data.partition_params.{key} is not a setting of partition {scheme!r}; "
                               f"valid: {', '.join(valid) or '(none)'}")
         if sig[key].annotation is int:                  # a 64-bit integer, or a finite number
-            _require(key, value, _is_int(value) and -2 ** 63 <= value < 2 ** 63, "must be an integer")
+            _require(key, value, is_int(value) and -2 ** 63 <= value < 2 ** 63, "must be an integer")
         else:
-            _require(key, value, _is_number(value) and bool(np.isfinite(value)), "must be a finite number")
+            _require(key, value, is_number(value) and bool(np.isfinite(value)), "must be a finite number")
     for key in valid:
         if key not in params and sig[key].default is inspect.Parameter.empty:
             raise ConfigError(f"data.partition_params.{key} is required by partition {scheme!r}")
@@ -336,88 +337,3 @@ def count_matrix(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
         raise DataError(f"labels must lie in 0..{num_classes - 1}; found {cols.min()}..{cols.max()}")
     flat = np.bincount(rows * num_classes + cols, minlength=len(parts) * num_classes)
     return flat.reshape(len(parts), num_classes).astype(np.int64)
-
-
-def class_categories(class_counts, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FedKA Definition 1: boolean masks of a client's dominant (share >= gamma), non-dominant
-    (0 < share < gamma) and missing classes; of each client's, given a clients x classes matrix."""
-    counts = np.asarray(class_counts, dtype=np.float64)
-    share = counts / np.maximum(counts.sum(-1, keepdims=True), 1)
-    return share >= gamma, (share > 0) & (share < gamma), share == 0
-
-
-def training_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
-    """A sorted random subset of `size` training-sample indices with the training set's class mix
-    (each class's count apportioned within one of exact), drawn from the "subset" generator of the
-    split's seed: a CPU-sized study scales the data down without changing what the partition sees."""
-    labels = np.asarray(labels)
-    if not (_is_int(size) and 0 < size <= len(labels)):
-        raise ConfigError(f"data.train_samples = {size!r}: must be an integer in 1..{len(labels)} (the training "
-                          "set's size), or 0 for all of it")
-    classes, counts = np.unique(labels, return_counts=True)
-    rng = numpy_rng(seed, "subset")
-    picked = [rng.choice(np.flatnonzero(labels == k), n, replace=False)
-              for k, n in zip(classes, _apportion(size, counts))]
-    return np.sort(np.concatenate(picked)).astype(np.int64)
-
-
-def validation_split(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(train, validation) per client: round(fraction * size) random samples held out (FedFM: 0.2).
-
-    Each client draws from its own generator, so the split is the same on every rank; a client always keeps
-    at least one training sample.
-    """
-    if not (_is_number(fraction) and 0 <= fraction < 1):
-        raise ConfigError(f"data.validation_fraction = {fraction!r}: must be a number in [0, 1), e.g. 0.2")
-    train, val = [], []
-    for client, part in enumerate(parts):
-        n_val = max(min(_round_half_up(fraction * len(part)), len(part) - 1), 0)
-        shuffled = numpy_rng(seed, "validation", client).permutation(np.asarray(part, dtype=np.int64))
-        train.append(np.sort(shuffled[n_val:]))
-        val.append(np.sort(shuffled[:n_val]))
-    return train, val
-
-
-def local_test_sets(test_labels: np.ndarray, class_counts: np.ndarray, size_ratio: float,
-                    seed: int) -> list[np.ndarray]:
-    """Per client, sorted test-set indices whose label mix matches its training mix (personalised evaluation).
-
-    Size round(size_ratio * train size) (FedClassAvg: 0.3), apportioned over classes by the client's
-    `class_counts` row (clients x classes, as from `count_matrix`). Clients draw independently, so they may
-    share test samples; within a client a sample repeats only once its class's test samples are used up.
-    """
-    if not (_is_number(size_ratio) and size_ratio > 0):
-        raise ConfigError(f"data.local_test_ratio = {size_ratio!r}: must be a number > 0, e.g. 0.3")
-    test_labels = np.asarray(test_labels)
-    class_counts = np.asarray(class_counts, dtype=np.int64)
-    num_classes = class_counts.shape[1]
-    if test_labels.size and (test_labels.min() < 0 or test_labels.max() >= num_classes):
-        raise DataError(f"test labels must lie in 0..{num_classes - 1}; found {test_labels.min()}..{test_labels.max()}")
-    pool = np.bincount(test_labels, minlength=num_classes)
-    start = np.cumsum(pool) - pool  # where each class's block begins in a label-sorted test set
-    sets = []
-    for client, row in enumerate(class_counts):
-        size = _round_half_up(size_ratio * row.sum())
-        need = _apportion(size, row) if size else np.zeros(num_classes, dtype=np.int64)
-        absent = np.flatnonzero((need > 0) & (pool == 0))
-        if absent.size:
-            raise DataError(f"client {client} trains on class {absent[0]} but the test set has no sample of it; "
-                            "fix: use a test set that covers every training class")
-        rng = numpy_rng(seed, "local-test", client)
-        by_class = np.lexsort((rng.random(len(test_labels)), test_labels))  # grouped by class, random within
-        cls = np.repeat(np.arange(num_classes), need)
-        within = np.arange(size) - np.repeat(np.cumsum(need) - need, need)
-        sets.append(np.sort(by_class[start[cls] + within % pool[cls]]).astype(np.int64))
-    return sets
-
-
-def shared_set(labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
-    """FedKA's minimal shared set S: one training-sample index per class (in class order), drawn from
-    the whole training set with its own generator, so every rank and run with `seed` picks the same."""
-    labels = np.asarray(labels)
-    rng = numpy_rng(seed, "shared-set")
-    missing = [k for k in range(num_classes) if not (labels == k).any()]
-    if missing:
-        raise DataError(f"the training set has no sample of class {missing[0]}, so the shared set S cannot "
-                        "hold one sample per class; use a data set that covers every class")
-    return np.array([rng.choice(np.flatnonzero(labels == k)) for k in range(num_classes)], dtype=np.int64)

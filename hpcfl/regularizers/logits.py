@@ -24,9 +24,8 @@
            ||.||^2 summed over the kept logits / |T|; "mean" (default, ours) is the element-wise mean, i.e.
            "sum" / |kept classes|, so the same weight (beta) is |kept| times weaker: 9 on CIFAR-10 with one
            dominant class, ~99 on CIFAR-100. We default to "mean": under "sum" a beta's strength grows with
-           the number of kept classes (so it differs between clients and data sets), and at the paper's
-           beta = 0.1 "sum" diverged on a small CNN where "mean" (what an MSELoss computes) trained, in an
-           unpaired two-seed smoke run of jobs/fedka/fmnist-cpu.toml (no interval; a reason, not a result).
+           the number of kept classes (so it differs between clients and data sets), where "mean" (what
+           an MSELoss computes) keeps one beta meaning the same everywhere.
            Both models run on T in eval mode (our choice; the paper does not say): BatchNorm normalises T
            with its running statistics and does not update them (a separate batch of T's 1-10 samples in
            training mode would pull the statistics towards T's at every step, and a batch of one fails in
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hpcfl.data.partition import class_categories
+from hpcfl.data.splits import class_categories
 from hpcfl.regularizers.base import Frozen, Regularizer
 from hpcfl.seeding import torch_generator
 

@@ -22,8 +22,8 @@ from hpcfl.batched import BatchedTrainer
 from hpcfl.config import JobConfig, model_params
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import (count_matrix, local_test_sets, partition, shared_set, training_subset,
-                                  validation_split)
+from hpcfl.data.partition import count_matrix, partition
+from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
 from hpcfl.errors import ConfigError, HpcflError, TrainingFault
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, model_options

@@ -327,16 +327,8 @@ def test_feddyn_default_alpha_is_the_documented_one_and_params_are_frozen():
         params.alpha = 0.1
 
 
-class _Affine(nn.Module):
+class _Affine(Scalar):
     """Two-class logits (w * x, 0): a trained w moves the vote a known way."""
-
-    def __init__(self, value=1.0):
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor(value))
-        self.classifier = nn.Identity()
-
-    def features(self, x):
-        return x
 
     def forward(self, x):
         return torch.cat([self.w * x, torch.zeros_like(x)], dim=1)

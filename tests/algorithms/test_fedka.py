@@ -10,7 +10,7 @@ from algorithms.helpers import client
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import Setup
 from hpcfl.config import job_from_dict
-from hpcfl.data.partition import class_categories, shared_set
+from hpcfl.data.splits import class_categories, shared_set
 from hpcfl.errors import ConfigError
 from hpcfl.launch import main
 from hpcfl.metrics import read_run

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcfl.data.partition import (SCHEMES, check_params, count_matrix, local_test_sets, partition, shared_set,
-                                  training_subset, validation_split)
+from hpcfl.data.partition import SCHEMES, check_params, count_matrix, partition
+from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
 from hpcfl.errors import ConfigError, DataError
 
 # Balanced labels like Fashion-MNIST's training set, in a fixed shuffled order.

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.mpi
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds
           "fedfm_lite": {"start_round": 1, "weight": 1.0, "model_every": 2},
           "fedprox": {"init": "independent"}, "local_only": {"init": "independent"},   # FedMA's baselines
-          "fedclassavg": {"warmup_epochs": 1}, "fedrs": {"bias": "drop"}}
+          "fedclassavg": {"warmup_epochs": 1, "supcon_weight": 0.5}, "fedrs": {"bias": "drop"}}
 HETEROGENEOUS = {"local_only", "fedclassavg", "fedproto"}      # clients of two architectures side by side
 
 

@@ -8,7 +8,8 @@ import torch
 from hpcfl.config import apply_overrides, job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import count_matrix, partition, training_subset, validation_split
+from hpcfl.data.partition import count_matrix, partition
+from hpcfl.data.splits import training_subset, validation_split
 from hpcfl.errors import ConfigError
 from hpcfl.metrics import read_run
 from hpcfl.runtime.job import SetupFailed, run, setup

@@ -1,0 +1,94 @@
+"""What is drawn around a partition, each from its own generator keyed by the split's seed (and the
+client), so every rank draws the same: the class-stratified subset a CPU-sized study partitions, each
+client's validation and local test samples, FedKA's shared set, and the class roles of FedKA's
+Definition 1 (dominant, non-dominant, missing) that its term and the forgetting analysis read."""
+import numpy as np
+
+from hpcfl.data.partition import apportion, is_int, is_number, round_half_up
+from hpcfl.errors import ConfigError, DataError
+from hpcfl.seeding import numpy_rng
+
+
+def class_categories(class_counts, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FedKA Definition 1: boolean masks of a client's dominant (share >= gamma), non-dominant
+    (0 < share < gamma) and missing classes; of each client's, given a clients x classes matrix."""
+    counts = np.asarray(class_counts, dtype=np.float64)
+    share = counts / np.maximum(counts.sum(-1, keepdims=True), 1)
+    return share >= gamma, (share > 0) & (share < gamma), share == 0
+
+
+def training_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """A sorted random subset of `size` training-sample indices with the training set's class mix
+    (each class's count apportioned within one of exact), drawn from the "subset" generator of the
+    split's seed: a CPU-sized study scales the data down without changing what the partition sees."""
+    labels = np.asarray(labels)
+    if not (is_int(size) and 0 < size <= len(labels)):
+        raise ConfigError(f"data.train_samples = {size!r}: must be an integer in 1..{len(labels)} (the training "
+                          "set's size), or 0 for all of it")
+    classes, counts = np.unique(labels, return_counts=True)
+    rng = numpy_rng(seed, "subset")
+    picked = [rng.choice(np.flatnonzero(labels == k), n, replace=False)
+              for k, n in zip(classes, apportion(size, counts))]
+    return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
+def validation_split(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train, validation) per client: round(fraction * size) random samples held out (FedFM: 0.2).
+
+    Each client draws from its own generator, so the split is the same on every rank; a client always keeps
+    at least one training sample.
+    """
+    if not (is_number(fraction) and 0 <= fraction < 1):
+        raise ConfigError(f"data.validation_fraction = {fraction!r}: must be a number in [0, 1), e.g. 0.2")
+    train, val = [], []
+    for client, part in enumerate(parts):
+        n_val = max(min(round_half_up(fraction * len(part)), len(part) - 1), 0)
+        shuffled = numpy_rng(seed, "validation", client).permutation(np.asarray(part, dtype=np.int64))
+        train.append(np.sort(shuffled[n_val:]))
+        val.append(np.sort(shuffled[:n_val]))
+    return train, val
+
+
+def local_test_sets(test_labels: np.ndarray, class_counts: np.ndarray, size_ratio: float,
+                    seed: int) -> list[np.ndarray]:
+    """Per client, sorted test-set indices whose label mix matches its training mix (personalised evaluation).
+
+    Size round(size_ratio * train size) (FedClassAvg: 0.3), apportioned over classes by the client's
+    `class_counts` row (clients x classes, as from `count_matrix`). Clients draw independently, so they may
+    share test samples; within a client a sample repeats only once its class's test samples are used up.
+    """
+    if not (is_number(size_ratio) and size_ratio > 0):
+        raise ConfigError(f"data.local_test_ratio = {size_ratio!r}: must be a number > 0, e.g. 0.3")
+    test_labels = np.asarray(test_labels)
+    class_counts = np.asarray(class_counts, dtype=np.int64)
+    num_classes = class_counts.shape[1]
+    if test_labels.size and (test_labels.min() < 0 or test_labels.max() >= num_classes):
+        raise DataError(f"test labels must lie in 0..{num_classes - 1}; found {test_labels.min()}..{test_labels.max()}")
+    pool = np.bincount(test_labels, minlength=num_classes)
+    start = np.cumsum(pool) - pool  # where each class's block begins in a label-sorted test set
+    sets = []
+    for client, row in enumerate(class_counts):
+        size = round_half_up(size_ratio * row.sum())
+        need = apportion(size, row) if size else np.zeros(num_classes, dtype=np.int64)
+        absent = np.flatnonzero((need > 0) & (pool == 0))
+        if absent.size:
+            raise DataError(f"client {client} trains on class {absent[0]} but the test set has no sample of it; "
+                            "fix: use a test set that covers every training class")
+        rng = numpy_rng(seed, "local-test", client)
+        by_class = np.lexsort((rng.random(len(test_labels)), test_labels))  # grouped by class, random within
+        cls = np.repeat(np.arange(num_classes), need)
+        within = np.arange(size) - np.repeat(np.cumsum(need) - need, need)
+        sets.append(np.sort(by_class[start[cls] + within % pool[cls]]).astype(np.int64))
+    return sets
+
+
+def shared_set(labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
+    """FedKA's minimal shared set S: one training-sample index per class (in class order), drawn from
+    the whole training set with its own generator, so every rank and run with `seed` picks the same."""
+    labels = np.asarray(labels)
+    rng = numpy_rng(seed, "shared-set")
+    missing = [k for k in range(num_classes) if not (labels == k).any()]
+    if missing:
+        raise DataError(f"the training set has no sample of class {missing[0]}, so the shared set S cannot "
+                        "hold one sample per class; use a data set that covers every class")
+    return np.array([rng.choice(np.flatnonzero(labels == k)) for k in range(num_classes)], dtype=np.int64)
