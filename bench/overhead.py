@@ -11,7 +11,10 @@ comparisons, each printed with its ratio:
 3. with --ranks N: `mpirun -np N python -m hpcfl.launch` (a server and N-1 workers) against the
    floor as N-1 concurrent processes, `mpirun -np N-1 python bench/overhead.py --floor`.
 
-    python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 3]
+With --device cuda both sides keep the data, the model and the averaging on the GPU (every rank on
+GPU local_rank % GPUs, as the runner places them) and synchronise before reading the clock.
+
+    python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 3] [--device cpu|cuda]
 
 Each figure is the best of --repeat runs (the machine's noise only ever adds time); the in-process
 runs alternate, floor and hpcfl, since the machine's speed drifts by several percent over minutes.
@@ -44,26 +47,30 @@ def floor(cfg, comm=None) -> float:
     """Seconds of the rounds of plain FedAvg; this process trains the clients the runner's placement
     deals trainer `rank` of `size` each round, and the weighted models are summed with one Allreduce."""
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
+    device = torch.device("cpu")
+    if cfg.run.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
     data = load_dataset(cfg.data.dataset, resolve_data_root(cfg.data.root or None))
     parts = partition(data.train_y.numpy(), cfg.data.num_clients, cfg.data.partition, cfg.data.partition_params,
                       cfg.run.seed, cfg.data.min_samples)
     cost = client_cost([len(p) for p in parts], cfg.train.batch_size)
     cohorts = cohort_schedule(cfg.run.seed, cfg.run.rounds, cfg.data.num_clients, cfg.train.clients_per_round)
-    xs = {c: data.train_x[torch.from_numpy(p)] for c, p in enumerate(parts)}
-    ys = {c: data.train_y[torch.from_numpy(p)] for c, p in enumerate(parts)}
+    xs = {c: data.train_x[torch.from_numpy(p)].to(device) for c, p in enumerate(parts)}
+    ys = {c: data.train_y[torch.from_numpy(p)].to(device) for c, p in enumerate(parts)}
     torch.manual_seed(torch_seed(cfg.run.seed, "init"))
-    model = build_model(cfg.model.name, data.input_shape, data.num_classes)
+    model = build_model(cfg.model.name, data.input_shape, data.num_classes).to(device)
     batches = LocalTrainer(cfg.train, cfg.run.seed).batches          # the runner's batch order
     params = list(model.parameters())
+    sync()
     start = time.perf_counter()
     flat_global = torch.nn.utils.parameters_to_vector(params).detach().double()
     for round in range(cfg.run.rounds):
-        total = torch.zeros(flat_global.numel() + 1, dtype=torch.float64)
+        total = torch.zeros(flat_global.numel() + 1, dtype=torch.float64, device=device)
         hosts = deal_cohort(cohorts[round].tolist(), cost, list(range(size)))
         for c in sorted(c for c, r in hosts.items() if r == rank):
             torch.nn.utils.vector_to_parameters(flat_global.float(), params)
             opt = torch.optim.SGD(params, lr=cfg.train.lr, momentum=cfg.train.momentum)
-            for idx in batches(len(ys[c]), round, c, "cpu"):
+            for idx in batches(len(ys[c]), round, c, device):
                 opt.zero_grad()
                 F.cross_entropy(model(xs[c][idx]), ys[c][idx]).backward()
                 opt.step()
@@ -71,14 +78,23 @@ def floor(cfg, comm=None) -> float:
             total[-1] += len(ys[c])
         if comm:
             from mpi4py import MPI
-            comm.Allreduce(MPI.IN_PLACE, total.numpy(), op=MPI.SUM)
+            host = total.cpu().numpy()
+            comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            total = torch.from_numpy(host).to(device)
         flat_global = total[:-1] / total[-1]
     torch.nn.utils.vector_to_parameters(flat_global.float(), params)
-    acc = evaluate(model, data.test_x, data.test_y, data.num_classes, 1000)["acc"]
+    acc = evaluate(model, data.test_x.to(device), data.test_y.to(device), data.num_classes, 1000)["acc"]
+    sync()
     seconds = time.perf_counter() - start
     if rank == 0:
         print(f"floor rounds_s={seconds:.3f} test_acc={acc:.4f}", flush=True)
     return seconds
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work, so the clock reads finished work."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def runner(cfg) -> float:
@@ -87,11 +103,33 @@ def runner(cfg) -> float:
     from hpcfl.transport import LocalTransport
 
     job = setup(cfg, LocalTransport({}), None, log=lambda text: None)
+    sync()
     start = time.perf_counter()
     run(job, log=lambda text: None)
+    sync()
     seconds = time.perf_counter() - start
     job.recorder.close()
     return seconds
+
+
+def profile(cfg) -> None:
+    """hpcfl's rounds under torch's profiler: the operators by their own host time, and how often the
+    host waited for the GPU (each wait stalls the queue of kernels)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    runner(cfg)                                                            # warm: kernels, allocator
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cfg.run.device == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        runner(cfg)
+    events = prof.key_averages()
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25))
+    waits = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::item",
+                                                    "aten::_local_scalar_dense"))
+    print(f"host waits for the device (synchronize, item): {waits}")
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu, 1 thread"
 
 
 def timed(cmd: list[str]) -> tuple[float, str]:
@@ -117,10 +155,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ranks", type=int, default=0, help="also compare mpirun -np RANKS (0: skip)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--floor", action="store_true", help="run only the floor (used by the comparisons)")
+    parser.add_argument("--profile", action="store_true", help="print where hpcfl's rounds spend their time, and stop")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    overrides = [f"run.rounds={args.rounds}", f"eval.every={args.rounds}"]
+    overrides = [f"run.rounds={args.rounds}", f"eval.every={args.rounds}", f"run.device='{args.device}'"]
     if args.floor:
         comm = None
         if "PMI_SIZE" in os.environ:
@@ -131,12 +171,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = lambda name: load_job(args.job, overrides + [f"run.results_root='{tmp}'", f"run.name='{name}'"])  # noqa: E731
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)     # its first use imports torch._dynamo (2 s)
+        print(f"device: {device_name(args.device)}, torch {torch.__version__}, job {args.job}, {args.rounds} rounds")
+        if args.profile:
+            return profile(cfg("profile"))
         pairs = [(floor(cfg("floor")), runner(cfg(f"inproc{i}"))) for i in range(args.repeat)]   # interleaved:
         floor_s, ours = min(f for f, _ in pairs), min(r for _, r in pairs)       # the machine's speed drifts
         report("training (rounds only, one process)", ours, floor_s)
         sets = sum((["--set", o] for o in overrides + [f"run.results_root='{tmp}'"]), [])
         launch = [sys.executable, "-m", "hpcfl.launch", args.job, *sets]
-        plain = [sys.executable, __file__, "--floor", "--job", args.job, "--rounds", str(args.rounds)]
+        plain = [sys.executable, __file__, "--floor", "--job", args.job, "--rounds", str(args.rounds),
+                 "--device", args.device]
         floor_whole = min(timed(plain)[0] for _ in range(args.repeat))
         whole = min(timed(launch + ["--set", f"run.name='cli{i}'"])[0] for i in range(args.repeat))
         report("whole process (start-up included)", whole, floor_whole)

@@ -1,20 +1,25 @@
-"""Run the studies' sweeps (every studies/<study>/*.toml) on this machine, one point after another, resumably.
+"""Run the studies' sweeps (every studies/<study>/*.toml) on this machine, resumably.
 
-    python studies/run.py [STUDY ...] [--plan]      # default: every study, in the order below
+    python studies/run.py [STUDY ...] [--plan] [--parallel N]   # default: every CPU study, in the order below
+    python studies/run.py fedcme/gpu fedfm/gpu --parallel 12    # the GPU studies: 12 runs sharing the GPU
 
 Before it starts it prints, per study, the points done, partly done and to do, and a time estimate
 from the seconds per round recorded in the study's result files (or in its timing.json, kept from
 the runs that made the committed results: on another machine, scale by its speed).
-Points run seed by seed (every arm and grid value of seed 0, then seed 1, ...), so that an
+Points run seed by seed (every arm and grid value of seed 0 of every named study, then seed 1, ...),
+one at a time or --parallel N at once (a node's cores, or processes sharing its GPU), so that an
 interrupted study still holds complete pairs. Re-running the same command continues where it
-stopped: a finished point is skipped, a partly done one resumes from its last checkpoint. Finished
-result files are compacted (hpcfl.metrics.compact) for committing. One lock
-file (studies/.run.lock) keeps two runners from computing at once; `--plan` only prints.
+stopped: a finished point is skipped, a partly done one resumes from its last checkpoint. SIGTERM or
+SIGUSR1 (a SLURM time limit) reaches every running point, which checkpoints after its round; no new
+point starts and the runner exits with 3 (run it again to continue). Result files are then
+compacted (hpcfl.metrics.compact, finished ones only) for committing. One lock file
+(studies/.run.lock) keeps two runners from computing at once; `--plan` only prints.
 """
 import argparse
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,44 +45,98 @@ def _progress(path: Path) -> tuple[int, bool, list[float]]:
     return len(seconds), run.attrs.get("status") == "completed", seconds
 
 
-def plan(folder: Path) -> tuple[list[tuple[Path, int, Path, int]], dict]:
-    """The study's points to run, sweep file by sweep file and in seed order, as (sweep file, index,
-    result path, rounds left), and its summary. Relative results_root are relative to the repository.
-    Each sweep file's median seconds per round, once measured, is kept in the study's timing.json, so
-    a fresh run of the study (its results moved away) still gets an estimate."""
-    todo, count, done, partial, hours = [], 0, 0, 0, 0.0
-    timing_file = folder / "timing.json"
-    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
+def _points(folder: Path):
+    """(sweep file, point index, config) of every point of the study, sweep file by sweep file, in seed order."""
     for job in sorted(folder.glob("*.toml")):
         by_seed = sorted(enumerate(points(read_job_file(job))),
                          key=lambda p: (int(next(o for o in p[1] if o.startswith("run.seed="))[9:]), p[0]))
-        count += len(by_seed)
-        seconds, left = [], 0
         for index, overrides in by_seed:
-            config = load_job(job, overrides, allow_sweep=True)
-            path = folder.parent.parent / config.result_path
-            rounds, completed, spent = _progress(path)
-            seconds += spent
-            if completed:
-                compact(path)                                 # what gets committed: exact lengths, gzip
-                done += 1
-                continue
-            partial += rounds > 0
-            todo.append((job, index, path, config.run.rounds - rounds))
-            left += config.run.rounds - rounds
-        if seconds:
-            timing[job.name] = round(float(np.median(seconds)), 2)
-        hours = None if hours is None or (left and job.name not in timing) else hours + left * timing.get(job.name, 0) / 3600
+            yield job, index, load_job(job, overrides, allow_sweep=True)
+
+
+def plan(folder: Path) -> tuple[list[tuple[Path, int, Path, int]], dict, dict]:
+    """The study's points to run, in `_points` order, as (seed, sweep file, index, result path, rounds left),
+    its summary, and each sweep file's median seconds per round (measured now, or as timing.json kept
+    it, so that a fresh run of the study still gets an estimate). Reads only. Relative results_root are
+    relative to the repository."""
+    todo, count, done, partial, seconds = [], 0, 0, 0, {}
+    timing_file = folder / "timing.json"
+    timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
+    for job, index, config in _points(folder):
+        path = folder.parent.parent / config.result_path
+        rounds, completed, spent = _progress(path)
+        count += 1
+        seconds.setdefault(job.name, []).extend(spent)
+        if completed:
+            done += 1
+            continue
+        partial += rounds > 0
+        todo.append((config.run.seed, job, index, path, config.run.rounds - rounds))
+    timing.update({name: round(float(np.median(s)), 2) for name, s in seconds.items() if s})
+    left = {}
+    for _, job, _, _, rounds in todo:
+        left[job.name] = left.get(job.name, 0) + rounds
+    hours = (None if any(name not in timing for name in left)
+             else sum(rounds * timing[name] for name, rounds in left.items()) / 3600)
+    return todo, {"points": count, "done": done, "partial": partial, "rounds_left": sum(left.values()),
+                  "hours": hours}, timing
+
+
+def record(folder: Path) -> None:
+    """After running: compact the study's finished result files (what gets committed: exact lengths,
+    gzip) and keep its seconds per round in timing.json."""
+    for _, _, config in _points(folder):
+        path = folder.parent.parent / config.result_path
+        if path.exists():
+            compact(path)
+    timing = plan(folder)[2]
     if timing:
-        timing_file.write_text(json.dumps(timing, indent=1, sort_keys=True) + "\n")
-    return todo, {"points": count, "done": done, "partial": partial,
-                  "rounds_left": sum(t[3] for t in todo), "hours": hours}
+        (folder / "timing.json").write_text(json.dumps(timing, indent=1, sort_keys=True) + "\n")
+
+
+def execute(tasks: list[tuple[str, list[str]]], parallel: int, cwd: Path, env: dict) -> int:
+    """Run the (label, command) tasks in order, up to `parallel` at once. 0 when all finished; 3 when
+    a stop signal came (passed on to the running points, which checkpoint); else the first failure's
+    exit code, after the running points finish."""
+    running, stopped, code = {}, [], 0
+
+    def stop(signum, _frame):
+        stopped.append(signum)
+        for proc in running.values():
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        queue = list(tasks)
+        while queue or running:
+            while queue and len(running) < parallel and not stopped and not code:
+                label, command = queue.pop(0)
+                print(f"studies: {label}", flush=True)
+                proc = subprocess.Popen(command, cwd=cwd, env=env)
+                running[proc.pid] = proc
+            if not running:
+                break
+            pid, status = os.wait()
+            proc = running.pop(pid, None)
+            if proc is None:
+                continue
+            exit_code = os.waitstatus_to_exitcode(status)
+            proc.returncode = exit_code
+            if exit_code and not (stopped and exit_code in (3, -stopped[0])):     # 3: checkpointed; or stopped while starting
+                sys.stderr.write(f"studies: {' '.join(proc.args[-3:])} failed with exit code {exit_code}; "
+                                 "starting no more points\n")
+                code = code or exit_code
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code or (3 if stopped else 0)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("studies", nargs="*", default=list(STUDIES), help=f"any of {', '.join(STUDIES)}")
     parser.add_argument("--plan", action="store_true", help="print what is left and the estimate, run nothing")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N", help="points computed at once (default 1)")
     parser.add_argument("--root", type=Path, default=HERE, help=argparse.SUPPRESS)      # the studies' folder (tests)
     args = parser.parse_args(argv)
     unknown = [s for s in args.studies if not (args.root / s).is_dir()]
@@ -89,7 +148,7 @@ def main(argv=None) -> int:
         sys.stderr.write(f"studies: error: {err}\n")
         return 2
     total = 0.0
-    for study, (_, s) in plans.items():
+    for study, (_, s, _) in plans.items():
         eta = ("unknown until a round of each sweep file is measured" if s["hours"] is None
                else f"about {s['hours']:.1f} hours")
         total += s["hours"] or 0.0
@@ -109,16 +168,16 @@ def main(argv=None) -> int:
         # the hpcfl of this checkout (a worktree at the study's commit), one thread per point
         env = {**os.environ, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(repository), os.environ.get("PYTHONPATH")]))}
-        for study, (todo, _) in plans.items():
-            for job, index, path, rounds_left in todo:
-                print(f"studies: {study} {job.name} point {index} ({path.name}, {rounds_left} rounds left)", flush=True)
-                code = subprocess.call([sys.executable, "-m", "hpcfl.sweep", str(job), "--index", str(index)],
-                                       cwd=repository, env=env)
-                if code:
-                    sys.stderr.write(f"studies: {study} point {index} failed with exit code {code}; stopping\n")
-                    return code
-            plan(args.root / study)                           # compacts the new results, records the timing
-    return 0
+        todo = sorted(((seed, order, study, job, index, path, left)
+                       for order, study in enumerate(plans) for seed, job, index, path, left in plans[study][0]),
+                      key=lambda task: task[:2])                  # seed by seed across the studies
+        tasks = [(f"{study} {job.name} point {index} ({path.name}, {left} rounds left)",
+                  [sys.executable, "-m", "hpcfl.sweep", str(job), "--index", str(index)])
+                 for _, _, study, job, index, path, left in todo]
+        code = execute(tasks, max(1, args.parallel), repository, env)
+        for study in plans:
+            record(args.root / study)
+    return code
 
 
 if __name__ == "__main__":

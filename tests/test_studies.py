@@ -1,8 +1,10 @@
 """The studies: every shipped sweep file expands into valid jobs, and studies/run.py runs a study's
 points seed by seed, resumes where it stopped, compacts finished results and estimates the rest."""
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -13,20 +15,21 @@ from hpcfl.metrics import read_run
 from hpcfl.sweep import points
 
 REPO = Path(__file__).resolve().parents[1]
-SWEEPS = sorted((REPO / "studies").glob("*/*.toml"))
+SWEEPS = sorted((REPO / "studies").glob("*/*.toml")) + sorted((REPO / "studies").glob("*/gpu/*.toml"))
 
 
 def test_the_five_studies_are_shipped():
-    assert {p.parent.name for p in SWEEPS} == {"fedcme", "fedfm", "fedka", "fedclassavg", "fedma"}
+    assert {p.parent.name for p in SWEEPS} == {"fedcme", "fedfm", "fedka", "fedclassavg", "fedma", "gpu"}
 
 
-@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: str(p.parent.relative_to(REPO / "studies") / p.name))
 def test_every_point_of_every_study_is_a_valid_job_with_its_results_in_its_folder(sweep):
     todo = points(read_job_file(sweep))
     configs = [load_job(sweep, overrides, allow_sweep=True) for overrides in todo]
     assert len({c.result_path for c in configs}) == len(configs)
     folder = "results" if sweep.name == "sweep.toml" else f"results-{sweep.stem}"       # one folder per sweep file
-    assert all(c.result_path.parent == Path("studies") / sweep.parent.name / folder for c in configs)
+    assert all(c.result_path.parent == sweep.parent.relative_to(REPO) / folder for c in configs)
+    assert {c.run.device for c in configs} == {"cuda" if sweep.parent.name == "gpu" else "auto"}
     arms = {c.run.arm for c in configs}
     for arm in arms:                        # arms are paired: the same seeds and the same split seeds
         assert {(c.run.seed, c.data_seed) for c in configs if c.run.arm == arm} == {(c.run.seed, c.data_seed)
@@ -85,6 +88,28 @@ def test_the_runner_goes_seed_by_seed_compacts_and_resumes(tmp_path):
     assert again.returncode == 0 and "3/4 points done" in again.stdout and "about 0.0 hours" in again.stdout
     assert [line for line in again.stdout.splitlines() if " point " in line] == [
         "studies: tiny sweep.toml point 3 (tiny-B-seed1.h5, 2 rounds left)"]
+
+
+def test_a_stop_signal_checkpoints_the_running_points_and_starts_no_more(tmp_path):
+    study = tmp_path / "studies" / "tiny"
+    study.mkdir(parents=True)
+    results = tmp_path / "out" / "results"
+    (study / "sweep.toml").write_text(TINY.format(root=results.parent).replace("rounds = 2", "rounds = 400"))
+    runner = subprocess.Popen([sys.executable, str(REPO / "studies" / "run.py"), "tiny", "--root",
+                               str(tmp_path / "studies"), "--parallel", "2"], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(results.glob("*.h5"))) < 2 and time.monotonic() < deadline:    # both points training
+        time.sleep(0.2)
+    time.sleep(1)
+    runner.send_signal(signal.SIGTERM)
+    out, _ = runner.communicate(timeout=120)
+    assert runner.returncode == 3                                         # stopped, resumable
+    assert [line.split(" point ")[1].split()[0] for line in out.splitlines() if " point " in line] == ["0", "2"]
+    stopped = {f.name: read_run(f) for f in results.glob("*.h5")}
+    assert set(stopped) == {"tiny-A-seed0.h5", "tiny-B-seed0.h5"}         # seed 0's pair only, none after it
+    assert all(run.attrs["status"] != "completed" and 0 < len(run.arrays["round/test_acc"]) < 400
+               for run in stopped.values())
+    assert "0/4 points done, 2 partly" in _runner(tmp_path / "studies", "--plan").stdout
 
 
 def test_report_rewrites_each_readme_table_with_what_analyze_prints(tmp_path):
