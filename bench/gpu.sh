@@ -6,13 +6,13 @@
 #   3. one worker's clients one after another vs trained together (train.batched_clients = 10);
 #   4. W = 1, 2, 4, 8 worker ranks sharing the GPU: time per round, speed-up, efficiency.
 # Each part runs even if the one before it failed; PYTHON names the interpreter (default python).
-#     sh bench/gpu.sh [ROUNDS]
+#     [REPEAT=3] sh bench/gpu.sh [ROUNDS]
 
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d)"
-"${PYTHON:-python}" bench/overhead.py --device cuda --rounds "$rounds" --ranks 3
+"${PYTHON:-python}" bench/overhead.py --device cuda --rounds "$rounds" --ranks 3 --repeat "${REPEAT:-3}"
 "${PYTHON:-python}" bench/overhead.py --device cuda --rounds 2 --profile
 "${PYTHON:-python}" bench/batched.py --group 10
 "${PYTHON:-python}" bench/scaling.py --workers 1,2,4,8 --rounds 4 --set "run.device='cuda'"

@@ -3,16 +3,20 @@ with per-client state, partial participation and personalised evaluation. Runs u
 (any world size; rank 0 also runs the one-process version and compares):
 
     mpirun -np 3 python -m pytest --with-mpi -m mpi tests/runtime/test_equivalence.py
+
+The same job on `run.device = 'cuda'` against the CPU, every algorithm, one process each, runs where
+torch sees a GPU (skipped on CI): `python -m pytest tests/runtime/test_equivalence.py -m "not mpi"`.
 """
+import numpy as np
 import pytest
+import torch
 
 from helpers import assert_same_metrics, run_metrics
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import apply_overrides, job_from_dict
 from hpcfl.metrics import read_run
 from hpcfl.runtime.job import run, setup
-
-pytestmark = pytest.mark.mpi
+from hpcfl.transport import LocalTransport
 
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds
           "fedfm_lite": {"start_round": 1, "weight": 1.0, "model_every": 2},
@@ -45,6 +49,7 @@ def _execute(config, transport):
     transport.close()
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
     from mpi4py import MPI
@@ -67,6 +72,7 @@ def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
         comm.Barrier()
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("placement", ["per_round", "fixed"])
 def test_clients_train_where_the_placement_puts_them(placement, tmp_path):
     """Per round: each round's cohort dealt by size (deal_cohort over batches per epoch); fixed: a client
@@ -100,3 +106,17 @@ def test_clients_train_where_the_placement_puts_them(placement, tmp_path):
                     assert len(set(client[np.isfinite(client)])) <= 1          # never moves
     finally:
         comm.Barrier()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_algorithm_trains_on_the_gpu_as_on_the_cpu(algorithm, tmp_path):
+    for device in ("cpu", "cuda"):
+        _execute(_job(algorithm, str(tmp_path), device, f"run.device='{device}'"), LocalTransport({}))
+    cpu, gpu = run_metrics(tmp_path / "eq" / "cpu.h5"), run_metrics(tmp_path / "eq" / "cuda.h5")
+    assert read_run(tmp_path / "eq" / "cuda.h5").attrs["status"] == "completed"
+    assert set(gpu) == set(cpu)
+    evaluated = np.isfinite(cpu["round/test_loss"])
+    assert (np.isfinite(gpu["round/test_loss"]) == evaluated).all()
+    first_cpu, first_gpu = cpu["round/test_loss"][evaluated][0], gpu["round/test_loss"][evaluated][0]
+    assert abs(first_gpu - first_cpu) <= 0.05 * first_cpu        # two rounds apart by rounding (TF32) only
