@@ -128,7 +128,7 @@ def _finite(contributions: dict, metrics: dict) -> bool:
     reads each tensor once: 5x faster than isfinite(t).all() on ResNet-18 (6 vs 29 ms)."""
     if not math.isfinite(metrics.get("train_loss", 0.0)):
         return False
-    sums = [t.sum(dtype=torch.float64) for tensors, _ in contributions.values() for t in tensors.values()]
-    device = sums[0].device if sums else "cpu"                  # the weights join the client's tensors there
-    sums += [torch.as_tensor(weight, dtype=torch.float64, device=device) for _, weight in contributions.values()]
-    return bool(torch.stack(sums).isfinite().all()) if sums else True
+    sums = [t.sum(dtype=torch.float64) for tensors, weight in contributions.values()
+            for t in (*tensors.values(), torch.as_tensor(weight, dtype=torch.float64))]
+    device = next((s.device for s in sums if s.device.type != "cpu"), None)      # checked where the model is
+    return bool(torch.stack([s.to(device) if device else s for s in sums]).isfinite().all()) if sums else True
