@@ -74,7 +74,7 @@ class Layout:
                 if zero:
                     part.copy_(piece).mul_(scale)
                 else:
-                    part.add_(piece.to(flat.dtype), alpha=scale)
+                    part.add_(piece.to(flat.device, flat.dtype), alpha=scale)    # CPU scalars beside GPU models
             offset += size
 
     def unpack(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:

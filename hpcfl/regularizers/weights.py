@@ -26,7 +26,7 @@ class Prox(Regularizer):
                 raise ValueError(f"reduction = {self.reduction!r}; choose 'sum' or 'mean'")
 
     def start(self, model, client, round, received):
-        self.reference = {n: received["model"][n].detach() for n, _ in self.parameters(model)}
+        self.reference = {n: received["model"][n].detach().to(p.device) for n, p in self.parameters(model)}
 
     def parameters(self, model):
         return model.classifier.named_parameters(prefix="classifier") if self.params.scope == "classifier" \

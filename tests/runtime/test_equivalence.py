@@ -114,8 +114,7 @@ def test_every_algorithm_trains_on_the_gpu_as_on_the_cpu(algorithm, tmp_path):
     for device in ("cpu", "cuda"):
         _execute(_job(algorithm, str(tmp_path), device, f"run.device='{device}'"), LocalTransport({}))
     cpu, gpu = run_metrics(tmp_path / "eq" / "cpu.h5"), run_metrics(tmp_path / "eq" / "cuda.h5")
-    assert read_run(tmp_path / "eq" / "cuda.h5").attrs["status"] == "completed"
-    assert set(gpu) == set(cpu)
+    assert set(gpu) == set(cpu) and all(gpu[k].shape == cpu[k].shape for k in cpu)        # every round recorded
     evaluated = np.isfinite(cpu["round/test_loss"])
     assert (np.isfinite(gpu["round/test_loss"]) == evaluated).all()
     first_cpu, first_gpu = cpu["round/test_loss"][evaluated][0], gpu["round/test_loss"][evaluated][0]
