@@ -11,7 +11,9 @@ one at a time or --parallel N at once (a node's cores, or processes sharing its 
 interrupted study still holds complete pairs. Re-running the same command continues where it
 stopped: a finished point is skipped, a partly done one resumes from its last checkpoint. SIGTERM or
 SIGUSR1 (a SLURM time limit) reaches every running point, which checkpoints after its round; no new
-point starts and the runner exits with 3 (run it again to continue). Result files are then
+point starts and the runner exits with 3 (run it again to continue). A point that fails is reported
+and the rest go on; one that stopped on a NaN/Inf loss (train.on_nonfinite = 'stop') has diverged, a
+result that is kept and not run again (the same seeds diverge again). Result files are then
 compacted (hpcfl.metrics.compact, finished ones only) for committing. One lock file
 (studies/.run.lock) keeps two runners from computing at once; `--plan` only prints.
 """
@@ -35,14 +37,18 @@ HERE = Path(__file__).resolve().parent
 STUDIES = ("fedcme", "fedfm", "fedka", "fedclassavg", "fedma")
 
 
-def _progress(path: Path) -> tuple[int, bool, list[float]]:
-    """(rounds recorded, completed, seconds per recorded round) of a result file, zeros if none."""
+def _progress(path: Path) -> tuple[int, str, list[float]]:
+    """(rounds recorded, how the run ended, seconds per recorded round) of a result file, zeros if none.
+    Ended: "completed"; "diverged" when it stopped on a client's NaN/Inf (train.on_nonfinite = 'stop'),
+    a result (the same seeds diverge again); "" while it is still to run or to resume."""
     try:
-        run = read_run(path, keys=["round/time_s"])
+        run = read_run(path, keys=["round/time_s", "client/nonfinite"])
     except ResultsError:
-        return 0, False, []
+        return 0, "", []
     seconds = list(run.arrays.get("round/time_s", []))
-    return len(seconds), run.attrs.get("status") == "completed", seconds
+    nonfinite = run.arrays.get("client/nonfinite", np.zeros((0, 0)))
+    diverged = bool(run.attrs.get("status") == "failed" and len(nonfinite) and np.nansum(nonfinite[-1]) > 0)
+    return len(seconds), "completed" if run.attrs.get("status") == "completed" else "diverged" * diverged, seconds
 
 
 def _points(folder: Path):
@@ -59,16 +65,17 @@ def plan(folder: Path) -> tuple[list[tuple[Path, int, Path, int]], dict, dict]:
     its summary, and each sweep file's median seconds per round (measured now, or as timing.json kept
     it, so that a fresh run of the study still gets an estimate). Reads only. Relative results_root are
     relative to the repository."""
-    todo, count, done, partial, seconds = [], 0, 0, 0, {}
+    todo, count, done, diverged, partial, seconds = [], 0, 0, 0, 0, {}
     timing_file = folder / "timing.json"
     timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
     for job, index, config in _points(folder):
         path = folder.parent.parent / config.result_path
-        rounds, completed, spent = _progress(path)
+        rounds, ended, spent = _progress(path)
         count += 1
         seconds.setdefault(job.name, []).extend(spent)
-        if completed:
+        if ended:
             done += 1
+            diverged += ended == "diverged"
             continue
         partial += rounds > 0
         todo.append((config.run.seed, job, index, path, config.run.rounds - rounds))
@@ -78,7 +85,8 @@ def plan(folder: Path) -> tuple[list[tuple[Path, int, Path, int]], dict, dict]:
         left[job.name] = left.get(job.name, 0) + rounds
     hours = (None if any(name not in timing for name in left)
              else sum(rounds * timing[name] for name, rounds in left.items()) / 3600)
-    return todo, {"points": count, "done": done, "partial": partial, "rounds_left": sum(left.values()),
+    return todo, {"points": count, "done": done, "diverged": diverged, "partial": partial,
+                  "rounds_left": sum(left.values()),
                   "hours": hours}, timing
 
 
@@ -95,9 +103,10 @@ def record(folder: Path) -> None:
 
 
 def execute(tasks: list[tuple[str, list[str]]], parallel: int, cwd: Path, env: dict) -> int:
-    """Run the (label, command) tasks in order, up to `parallel` at once. 0 when all finished; 3 when
-    a stop signal came (passed on to the running points, which checkpoint); else the first failure's
-    exit code, after the running points finish."""
+    """Run the (label, command) tasks in order, up to `parallel` at once; a task that fails is reported
+    and the others go on (a diverging configuration must not hold up the rest). 0 when all finished;
+    3 when a stop signal came (passed on to the running points, which checkpoint; none starts after
+    it); else the first failure's exit code."""
     running, stopped, code = {}, [], 0
 
     def stop(signum, _frame):
@@ -109,7 +118,7 @@ def execute(tasks: list[tuple[str, list[str]]], parallel: int, cwd: Path, env: d
     try:
         queue = list(tasks)
         while queue or running:
-            while queue and len(running) < parallel and not stopped and not code:
+            while queue and len(running) < parallel and not stopped:
                 label, command = queue.pop(0)
                 print(f"studies: {label}", flush=True)
                 proc = subprocess.Popen(command, cwd=cwd, env=env)
@@ -123,8 +132,7 @@ def execute(tasks: list[tuple[str, list[str]]], parallel: int, cwd: Path, env: d
             exit_code = os.waitstatus_to_exitcode(status)
             proc.returncode = exit_code
             if exit_code and not (stopped and exit_code in (3, -stopped[0])):     # 3: checkpointed; or stopped while starting
-                sys.stderr.write(f"studies: {' '.join(proc.args[-3:])} failed with exit code {exit_code}; "
-                                 "starting no more points\n")
+                sys.stderr.write(f"studies: {' '.join(proc.args[-3:])} failed with exit code {exit_code}\n")
                 code = code or exit_code
     finally:
         for sig, handler in previous.items():
@@ -152,8 +160,9 @@ def main(argv=None) -> int:
         eta = ("unknown until a round of each sweep file is measured" if s["hours"] is None
                else f"about {s['hours']:.1f} hours")
         total += s["hours"] or 0.0
-        print(f"{study:12} {s['done']}/{s['points']} points done, {s['partial']} partly, {s['rounds_left']} rounds "
-              f"left: {eta}")
+        ended = f" ({s['diverged']} diverged: final, a result)" if s["diverged"] else ""
+        print(f"{study:12} {s['done']}/{s['points']} points done{ended}, {s['partial']} partly, {s['rounds_left']} "
+              f"rounds left: {eta}")
     print(f"in all about {total:.1f} hours on one core of this machine (the seconds per round measured here), "
           "for the studies with an estimate")
     if args.plan:

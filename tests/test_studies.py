@@ -112,6 +112,26 @@ def test_a_stop_signal_checkpoints_the_running_points_and_starts_no_more(tmp_pat
     assert "0/4 points done, 2 partly" in _runner(tmp_path / "studies", "--plan").stdout
 
 
+def test_a_diverging_point_is_a_result_the_others_go_on_and_it_is_not_run_again(tmp_path):
+    study = tmp_path / "studies" / "tiny"
+    study.mkdir(parents=True)
+    results = tmp_path / "out" / "results"
+    (study / "sweep.toml").write_text(TINY.format(root=results.parent).replace(
+        '"algorithm.name" = "fedavg"', '"algorithm.name" = "fedavg"\n"train.lr" = 1e12'))   # arm A diverges
+    first = _runner(tmp_path / "studies")
+    assert first.returncode == 1 and first.stderr.count("failed with exit code 1") == 2
+    runs = {f.name: read_run(f) for f in results.glob("*.h5")}
+    assert [runs[f"tiny-B-seed{s}.h5"].attrs["status"] for s in (0, 1)] == ["completed", "completed"]
+    assert [runs[f"tiny-A-seed{s}.h5"].attrs["status"] for s in (0, 1)] == ["failed", "failed"]
+    again = _runner(tmp_path / "studies")
+    assert again.returncode == 0 and "4/4 points done (2 diverged: final, a result)" in again.stdout
+    assert " point " not in again.stdout                                  # nothing runs again
+    (study / "sweep.toml").write_text(TINY.format(root=results.parent))  # a crash is not a divergence:
+    with h5py.File(results / "tiny-B-seed1.h5", "a") as h5:              # a failed file with finite losses
+        h5.attrs["status"] = "failed"
+    assert "3/4 points done (2 diverged" in _runner(tmp_path / "studies", "--plan").stdout
+
+
 def test_report_rewrites_each_readme_table_with_what_analyze_prints(tmp_path):
     sys.path.insert(0, str(REPO / "studies"))
     from report import refresh
