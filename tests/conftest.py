@@ -1,8 +1,16 @@
-"""Shared test helpers: tiny real-data job files."""
+"""Shared test helpers: tiny real-data job files, and a data cache of the session's own."""
+import os
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _data_cache(tmp_path_factory):
+    """Tests never write the user's data cache (hpcfl.data.cache); subprocesses inherit the folder."""
+    os.environ["HPCFL_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
 
 TINY_JOB = """
 [run]

@@ -35,6 +35,8 @@ def test_result_file_records_the_run(tiny_job, tmp_path):
     assert run.rounds == 2 and run.attrs["status"] == "completed"
     assert run.attrs["config"]["train"]["lr"] == 0.1 and run.attrs["world_size"] == 1
     assert run.attrs["hostnames"] == [socket.gethostname()] and run.attrs["versions"]["torch"]
+    setup_peak = run.attrs["setup_max_rss_bytes"]
+    assert len(setup_peak) == 1 and setup_peak[0] > 200 * 2 ** 20       # torch and the data are in set-up's peak
     partition = run.arrays["partition"]
     assert partition.shape == (6, 10) and partition.sum() == 1438      # every digits training sample
     assert "client/val_acc" not in run.arrays                         # no validation split configured

@@ -116,3 +116,49 @@ def test_registries_hold_the_built_ins_and_answer_membership_without_raising():
     assert recorded == {"sklearn.linear_model:Ridge": {"key": "model.name", "module": "sklearn.linear_model",
                                                        "version": metadata.version("scikit-learn")},
                         "labfl.data:blobs": {"key": "data.dataset", "module": "labfl.data", "version": None}}
+
+
+def test_fedavg_written_from_the_contract_alone_is_the_built_in_fedavg(tiny_job, tmp_path):
+    """docs/write-your-own-algorithm.md's MyFedAvg: bit for bit the built-in, with momentum and
+    weight decay, partial participation and a validation split."""
+    from hpcfl.config import load_job
+
+    paths = {}
+    for name in ("fedavg", "labfl.fedavg:MyFedAvg"):
+        config = load_job(tiny_job(rounds=3), [f"algorithm.name='{name}'", "train.momentum=0.9", "train.weight_decay=1e-3",
+                                               "data.validation_fraction=0.2", f"run.results_root='{tmp_path}'",
+                                               f"run.name='{name.split(':')[-1]}'"])
+        paths[name] = hpcfl.run(config, log=lambda text: None)
+    assert_same_metrics(run_metrics(paths["fedavg"]), run_metrics(paths["labfl.fedavg:MyFedAvg"]), exact=True)
+
+
+class _PlusOne:
+    """A trainer whose local training adds 1 to every parameter: updates computable by hand."""
+    def train(self, model, client, round, terms, epochs):
+        for p in model.parameters():
+            p.data += 1.0
+        return {"train_loss": 0.0, "steps": 1.0}
+
+
+def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job):
+    import numpy as np
+    import torch
+
+    from hpcfl import Client, Setup
+    from hpcfl.config import load_job
+    from labfl.fedavg import ClientMemory
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    setup = Setup.of(load_job(tiny_job()), model, np.ones((2, 2)))
+    algorithm = ClientMemory(ClientMemory.Params(beta=0.5), setup)
+    client = Client(0, torch.zeros(4, 1), torch.zeros(4, dtype=torch.long), np.ones(2))
+    client.state = algorithm.init_client_state(client, model)
+    sent = []
+    for round, start in enumerate((0.0, 5.0, 2.0)):
+        downlink = {"model": {"weight": torch.full((1, 1), start)}}
+        contributions, _ = algorithm.client_update(algorithm.phase, round, client, downlink, model, _PlusOne())
+        tensors, weight = contributions["model"]
+        sent.append(float(tensors["weight"]))
+        assert weight == 4.0
+    assert sent == [1.0, 6.5, 3.5]          # trained = start + 1; from round 1 on plus 0.5 x the last update (1)
+    assert float(client.state["update.weight"]) == 1.0

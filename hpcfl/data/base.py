@@ -5,6 +5,7 @@ Nothing in hpcfl.data downloads; a missing file is a `DataError` that says where
 fix it. Images come out as normalised float32 N x C x H x W tensors on the CPU, labels as int64.
 """
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,9 @@ def torchvision_fix(cls: str, root: Path, extra: str = "") -> str:
 
 def normalise(pixels: np.ndarray, scale: float, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     """float32 (pixels / scale - mean) / std per channel (axis 1), built in place to keep peak memory at one copy."""
-    x = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32))
+    with warnings.catch_warnings():           # a read-only array (decoded from bytes): copied before any write
+        warnings.simplefilter("ignore", UserWarning)
+        x = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32, copy=True)   # 5x numpy's astype
     shape = (1, len(mean)) + (1,) * (x.dim() - 2)
     mean64, std64 = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
     factor = torch.from_numpy((1.0 / (scale * std64)).astype(np.float32)).view(shape)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcfl.data.base import Dataset, image_dataset, not_found, torchvision_fix
+from hpcfl.data.cache import cached
 from hpcfl.errors import DataError
 
 # Per-channel mean/std after scaling to [0, 1]; their sources are listed in hpcfl/data/datasets.py.
@@ -69,8 +70,12 @@ def _load_cifar(root: Path, name: str, title: str, folder: str, train_files: tup
         parts = [_read_cifar_batch(base / n, label_key, num_classes) for n in names]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    train_pixels, train_labels = read(train_files)
-    return image_dataset(name, (train_pixels if train_images else None, train_labels), read(test_files),
+    def decode(train_images: bool) -> dict:
+        (train_x, train_y), (test_x, test_y) = read(train_files), read(test_files)
+        return {"train_x": train_x if train_images else None, "train_y": train_y, "test_x": test_x, "test_y": test_y}
+
+    arrays = cached(name, files, decode, train_images)
+    return image_dataset(name, (arrays["train_x"], arrays["train_y"]), (arrays["test_x"], arrays["test_y"]),
                          num_classes, mean, std)
 
 

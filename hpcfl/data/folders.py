@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcfl.data.base import Dataset, image_dataset, not_found
+from hpcfl.data.cache import cached
 from hpcfl.data.cifar import CIFAR10_CLASSES
 from hpcfl.errors import DataError
 
@@ -56,10 +57,13 @@ def load_cinic10(root: Path, train_images: bool = True) -> Dataset:
         if tuple(classes) != CIFAR10_CLASSES:
             raise DataError(f"{base / split} has class folders {classes}, not CINIC-10's {list(CIFAR10_CLASSES)}; "
                             "re-extract the archive")
-    train = (_decode_images(paths["train"] + paths["valid"], 32) if train_images else None,
-             np.concatenate([labels["train"], labels["valid"]]))
-    test = (_decode_images(paths["test"], 32), labels["test"])
-    return image_dataset("cinic10", train, test, 10, _CINIC10_MEAN, _CINIC10_STD)
+    train_paths = paths["train"] + paths["valid"]
+    arrays = cached("cinic10", train_paths + paths["test"], lambda train_images: {
+        "train_x": _decode_images(train_paths, 32) if train_images else None,
+        "train_y": np.concatenate([labels["train"], labels["valid"]]),
+        "test_x": _decode_images(paths["test"], 32), "test_y": labels["test"]}, train_images)
+    return image_dataset("cinic10", (arrays["train_x"], arrays["train_y"]), (arrays["test_x"], arrays["test_y"]),
+                         10, _CINIC10_MEAN, _CINIC10_STD)
 
 
 def load_tiny_imagenet(root: Path, train_images: bool = True) -> Dataset:
@@ -89,6 +93,8 @@ def load_tiny_imagenet(root: Path, train_images: bool = True) -> Dataset:
             raise DataError(f"{needed[3]} line {line_no} is not '<file>\\t<wnid from wnids.txt>...': {line!r}")
         test_paths.append(str(needed[2] / fields[0]))
         test_labels.append(index[fields[1]])
-    return image_dataset("tiny_imagenet", (_decode_images(train_paths, 64) if train_images else None, train_labels),
-                          (_decode_images(test_paths, 64), np.array(test_labels, dtype=np.int64)),
+    arrays = cached("tiny_imagenet", [needed[0], needed[3], *train_paths, *test_paths], lambda train_images: {
+        "train_x": _decode_images(train_paths, 64) if train_images else None, "train_y": train_labels,
+        "test_x": _decode_images(test_paths, 64), "test_y": np.array(test_labels, dtype=np.int64)}, train_images)
+    return image_dataset("tiny_imagenet", (arrays["train_x"], arrays["train_y"]), (arrays["test_x"], arrays["test_y"]),
                           len(wnids), _TINY_IMAGENET_MEAN, _TINY_IMAGENET_STD)

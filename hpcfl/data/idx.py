@@ -4,12 +4,14 @@ import gzip
 import struct
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from hpcfl.data.base import DEBIAN_ROOT, Dataset, image_dataset, not_found, torchvision_fix
+from hpcfl.data.cache import cached
 from hpcfl.errors import DataError
 
 # Per-channel mean/std after scaling to [0, 1]; their sources are listed in hpcfl/data/datasets.py.
@@ -77,6 +79,13 @@ def load_idx_set(spec: _IdxSet, root: Path, train_images: bool = True) -> Datase
             break
     else:
         raise not_found(spec.title, folders, ", ".join(f + "(.gz)" for f in spec.files), spec.fix(root))
+    arrays = cached(spec.name, paths, partial(_decode, spec, paths), train_images)
+    return image_dataset(spec.name, (arrays["train_x"], arrays["train_y"]), (arrays["test_x"], arrays["test_y"]),
+                          spec.num_classes, spec.mean, spec.std)
+
+
+def _decode(spec: "_IdxSet", paths: list[Path], train_images: bool) -> dict:
+    """The four files checked and decoded: uint8 N x 1 x 28 x 28 pixels, labels from 0."""
     train_img, train_lbl, test_img, test_lbl = (read_idx(p) if train_images or p != paths[0] else None for p in paths)
     last = spec.first_label + spec.num_classes - 1
     for img, lbl, img_path, lbl_path in ((train_img, train_lbl, paths[0], paths[1]),
@@ -90,11 +99,10 @@ def load_idx_set(spec: _IdxSet, root: Path, train_images: bool = True) -> Datase
                             "replace them with intact copies")
 
     def pixels(img):
-        return None if img is None else (img.transpose(0, 2, 1) if spec.transposed else img)[:, None]
+        return None if img is None else np.ascontiguousarray((img.transpose(0, 2, 1) if spec.transposed else img)[:, None])
 
-    return image_dataset(spec.name, (pixels(train_img), train_lbl.astype(np.int64) - spec.first_label),
-                          (pixels(test_img), test_lbl.astype(np.int64) - spec.first_label),
-                          spec.num_classes, spec.mean, spec.std)
+    return {"train_x": pixels(train_img), "train_y": train_lbl.astype(np.int64) - spec.first_label,
+            "test_x": pixels(test_img), "test_y": test_lbl.astype(np.int64) - spec.first_label}
 
 
 FASHION_MNIST = _IdxSet(

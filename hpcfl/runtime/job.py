@@ -74,6 +74,7 @@ def setup(config: JobConfig, transport: Transport, data_root: str | None, local_
     info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
     try:
         job = _build(config, transport, data_root, local_rank, info, log)
+        info["setup_max_rss_bytes"] = peak_bytes()             # before the rounds reset the high-water mark
     except RunCompleted as done:
         job, info["completed"] = None, str(done)
     except HpcflError as err:
@@ -150,18 +151,15 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         if algorithm.client_test or config.eval.forgetting:
             test_x, test_y = data.test_x.to(device), data.test_y.to(device)
         if shared is not None:
-            shared_xy = data.train_x[torch.from_numpy(shared)].to(device), data.train_y[torch.from_numpy(shared)].to(device)
+            shared_xy = _rows(data.train_x, data.train_y, shared, device)
         for cid, rank in transport.client_rank.items():
             if moving or rank == transport.rank:
-                idx = torch.from_numpy(parts[cid])
-                clients[cid] = Client(cid, data.train_x[idx].to(device), data.train_y[idx].to(device), counts[cid],
+                clients[cid] = Client(cid, *_rows(data.train_x, data.train_y, parts[cid], device), counts[cid],
                                       config.architecture(cid))
                 if len(val_parts[cid]):
-                    val = torch.from_numpy(val_parts[cid])
-                    clients[cid].eval_sets["val"] = data.train_x[val].to(device), data.train_y[val].to(device)
+                    clients[cid].eval_sets["val"] = _rows(data.train_x, data.train_y, val_parts[cid], device)
                 if local_tests is not None:
-                    test = torch.from_numpy(local_tests[cid])
-                    clients[cid].eval_sets["local_test"] = data.test_x[test].to(device), data.test_y[test].to(device)
+                    clients[cid].eval_sets["local_test"] = _rows(data.test_x, data.test_y, local_tests[cid], device)
                 if algorithm.client_test or config.eval.forgetting:
                     clients[cid].test_set = test_x, test_y
                 if shared is not None:
@@ -172,9 +170,9 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
         worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
                         config.train.on_nonfinite == "drop", batched, moving)
     if transport.is_server:
-        held_out = torch.from_numpy(np.concatenate(val_parts))
         server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device,
-                        validation=(data.train_x[held_out], data.train_y[held_out]) if validating else None)
+                        validation=_rows(data.train_x, data.train_y, np.concatenate(val_parts), "cpu")
+                        if validating else None)
         if resume_file:
             recorder = Recorder.reopen(config.result_path, rounds)
         else:
@@ -197,6 +195,12 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     cost = client_cost(counts.sum(1), config.train.batch_size) if moving else None
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
                tuple(k for k, on in measured.items() if on), cost)
+
+
+def _rows(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples `index` of (x, y) on `device` (index_select: 4x faster than x[index] on the CPU)."""
+    index = torch.from_numpy(np.asarray(index, dtype=np.int64))
+    return x.index_select(0, index).to(device), y.index_select(0, index).to(device)
 
 
 def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:

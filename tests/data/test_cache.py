@@ -1,0 +1,97 @@
+"""The decoded-data cache: a second load reads the entry instead of decoding, with the same tensors;
+a changed source is decoded again and replaces its entry; concurrent writers leave one whole entry;
+a damaged entry is rebuilt; HPCFL_CACHE=off and an unwritable folder fall back to decoding."""
+import gzip
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hpcfl.data.idx
+from hpcfl.data.datasets import load_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write_mnist(root: Path, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8)
+    lbl = rng.integers(0, 10, 30).astype(np.uint8)
+    for prefix, part in (("train", slice(0, 20)), ("t10k", slice(20, 30))):
+        for kind, array in (("images-idx3", img[part]), ("labels-idx1", lbl[part])):
+            raw = b"\x00\x00\x08" + bytes([array.ndim]) + np.array(array.shape, dtype=">u4").tobytes() + array.tobytes()
+            path = root / "mnist" / f"{prefix}-{kind}-ubyte.gz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(gzip.compress(raw))
+
+
+def _same(one, other) -> bool:
+    return all(torch.equal(getattr(one, k), getattr(other, k)) for k in ("train_x", "train_y", "test_x", "test_y"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("HPCFL_CACHE", str(folder))
+    _write_mnist(tmp_path / "data")
+    return folder
+
+
+def test_a_second_load_reads_the_entry_with_the_same_tensors(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCFL_CACHE", "off")
+    decoded = load_dataset("mnist", tmp_path / "data")
+    assert not cache.exists()                                      # off: nothing written
+    monkeypatch.setenv("HPCFL_CACHE", str(cache))
+    first = load_dataset("mnist", tmp_path / "data")
+    assert len(list(cache.glob("mnist-*.npz"))) == 1
+    monkeypatch.setattr(hpcfl.data.idx, "read_idx", lambda path: pytest.fail(f"decoded {path} again"))
+    again, server = load_dataset("mnist", tmp_path / "data"), load_dataset("mnist", tmp_path / "data", False)
+    assert _same(decoded, first) and _same(decoded, again)
+    assert len(server.train_x) == 0 and torch.equal(server.test_x, decoded.test_x)
+
+
+def test_a_changed_source_is_decoded_again_and_replaces_its_entry(cache, tmp_path):
+    before = load_dataset("mnist", tmp_path / "data")
+    entry = next(cache.glob("mnist-*.npz"))
+    time.sleep(0.01)
+    _write_mnist(tmp_path / "data", seed=1)                        # new files, same paths
+    after = load_dataset("mnist", tmp_path / "data")
+    assert not torch.equal(after.train_x, before.train_x)
+    entries = list(cache.glob("mnist-*.npz"))
+    assert len(entries) == 1 and entries[0] != entry               # the stale entry is gone
+
+
+def test_a_damaged_entry_is_decoded_again(cache, tmp_path):
+    whole = load_dataset("mnist", tmp_path / "data")
+    entry = next(cache.glob("mnist-*.npz"))
+    entry.write_bytes(entry.read_bytes()[:-200])                   # truncated
+    assert _same(load_dataset("mnist", tmp_path / "data"), whole)
+    assert _same(load_dataset("mnist", tmp_path / "data"), whole)  # and rewritten whole
+
+
+def test_concurrent_writers_leave_one_whole_entry(cache, tmp_path):
+    """Four processes miss together; each writes slowly (np.savez delayed) and renames into place."""
+    code = ("import time, numpy as np, hpcfl.data.cache as c; save = np.savez; "
+            "c.np.savez = lambda *a, **k: (time.sleep(0.5), save(*a, **k)); "
+            "from hpcfl.data.datasets import load_dataset; "
+            f"print(float(load_dataset('mnist', {str(tmp_path / 'data')!r}).train_x.sum()))")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HPCFL_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    sums = {float(p.communicate(timeout=120)[0]) for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(sums) == 1
+    assert [e.name.endswith(".npz") for e in cache.iterdir()] == [True]      # one entry, no staged files left
+    assert float(load_dataset("mnist", tmp_path / "data").train_x.sum()) in sums
+
+
+def test_an_unwritable_cache_warns_and_still_loads(tmp_path, monkeypatch, capfd):
+    _write_mnist(tmp_path / "data")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("HPCFL_CACHE", str(tmp_path / "a-file" / "cache"))    # cannot be made a folder
+    data = load_dataset("mnist", tmp_path / "data")
+    assert len(data.train_x) == 20 and "HPCFL_CACHE" in capfd.readouterr().err
