@@ -66,7 +66,8 @@ def normalise(pixels: np.ndarray, scale: float, mean: tuple[float, ...], std: tu
     """float32 (pixels / scale - mean) / std per channel (axis 1), built in place to keep peak memory at one copy."""
     with warnings.catch_warnings():           # a read-only array (decoded from bytes): copied before any write
         warnings.simplefilter("ignore", UserWarning)
-        x = torch.from_numpy(np.ascontiguousarray(pixels)).to(torch.float32, copy=True)   # 5x numpy's astype
+        x = torch.from_numpy(np.ascontiguousarray(pixels)).to(   # 5x faster than numpy's astype; row-major
+            torch.float32, memory_format=torch.contiguous_format, copy=True)   # (1-channel: not channels-last)
     shape = (1, len(mean)) + (1,) * (x.dim() - 2)
     mean64, std64 = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
     factor = torch.from_numpy((1.0 / (scale * std64)).astype(np.float32)).view(shape)

@@ -166,6 +166,8 @@ def _assert_normalised(d: Dataset, name, train_pixels, test_pixels, num_classes)
     assert d.name == name and d.num_classes == num_classes
     assert d.train_x.dtype == torch.float32 and d.train_y.dtype == torch.int64 and d.test_y.dtype == torch.int64
     assert d.train_x.is_contiguous() and d.test_x.is_contiguous()
+    for x in (d.train_x, d.test_x):             # row-major strides even with one channel (not channels-last,
+        assert x.stride() == torch.empty(x.shape).stride()       # which picks other convolution kernels)
     assert torch.allclose(d.train_x, _expected(train_pixels, d.mean, d.std), atol=1e-5)
     assert torch.allclose(d.test_x, _expected(test_pixels, d.mean, d.std), atol=1e-5)
     assert len(d.mean) == len(d.std) == d.input_shape[0]
