@@ -119,10 +119,10 @@ def fedfm_resnet18(clients_here: list[int]):
 
 def aggregate_rows(bench, transport, worker, server, phase, cohort: list[int]) -> list[tuple[str, float, float]]:
     """Raw Reduce / Allreduce of the phase's one uplink buffer against hpcfl's reduce_sum and the whole
-    aggregate, as the round loop runs it (hpcfl.runtime.job.run)."""
+    aggregate, as the round loop runs it (hpcfl.runtime.loop.run)."""
     from mpi4py import MPI
 
-    from hpcfl.runtime.job import CLIENT_METRICS
+    from hpcfl.runtime.report import CLIENT_METRICS
 
     (name, layout), = phase.uplink.items()
     comm, metric_rows = bench.comm, np.zeros((len(cohort), len(CLIENT_METRICS)))

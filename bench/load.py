@@ -111,18 +111,18 @@ def runner_rank(table_mib: str, *launch_args: str) -> None:
     """One rank of `python -m hpcfl.launch launch_args`, with the table model registered first. The
     rank's peak RSS is reset as the rounds start, so `rank/max_rss_bytes` is the rounds' peak and not
     the set-up's (loading the data set)."""
-    import hpcfl.runtime.job as job
+    import hpcfl.runtime.loop as loop
     from hpcfl.launch import main as launch
 
     if int(table_mib):
         register_table_model(int(table_mib))
-    rounds = job.run
+    rounds = loop.run
 
     def run_from_reset_peak(*args, **kwargs):
         Path("/proc/self/clear_refs").write_text("5")       # Linux: resets the peak RSS (VmHWM, ru_maxrss)
         return rounds(*args, **kwargs)
 
-    job.run = run_from_reset_peak                           # hpcfl.launch imports job.run as it starts
+    loop.run = run_from_reset_peak                          # hpcfl.launch imports loop.run as it starts
     sys.exit(launch(list(launch_args)))
 
 

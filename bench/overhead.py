@@ -99,7 +99,8 @@ def sync() -> None:
 
 def runner(cfg) -> float:
     """Seconds of hpcfl's rounds in this process."""
-    from hpcfl.runtime.job import run, setup          # imported here: the floor's process does without them
+    from hpcfl.runtime.build import setup
+    from hpcfl.runtime.loop import run          # imported here: the floor's process does without them
     from hpcfl.transport import LocalTransport
 
     job = setup(cfg, LocalTransport({}), None, log=lambda text: None)
@@ -114,7 +115,7 @@ def runner(cfg) -> float:
 
 def setup_times(cfg, repeat: int) -> tuple[float, float]:
     """Best set-up seconds before round 1 with the data cache (warmed first) and with HPCFL_CACHE=off."""
-    from hpcfl.runtime.job import setup
+    from hpcfl.runtime.build import setup
     from hpcfl.transport import LocalTransport
 
     def once(name: str) -> float:

@@ -126,7 +126,8 @@ def run_job(job, overrides=(), data_root=None, log=print):
     from pathlib import Path
 
     from hpcfl.config import JobConfig, apply_overrides, job_from_dict, load_job
-    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.build import setup
+    from hpcfl.runtime.loop import run
     from hpcfl.runtime.lock import release
     from hpcfl.runtime.resume import RunCompleted
     from hpcfl.transport import LocalTransport
@@ -157,7 +158,8 @@ def run_job(job, overrides=(), data_root=None, log=print):
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     from hpcfl.config import load_job
     from hpcfl.errors import TrainingFault
-    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.build import setup
+    from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import STOP, RunCompleted
 
     overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])

@@ -84,7 +84,7 @@ def test_the_transport_is_closed_when_set_up_ends_the_run(tiny_job, tmp_path, mo
     """A set-up failure (exit 2) or a run already complete (exit 0) still closes the transport: MPI's
     pending note receives are cancelled and the communicator freed, on every rank alike."""
     import hpcfl.launch
-    import hpcfl.runtime.job
+    import hpcfl.runtime.build
     from hpcfl.errors import DataError
     from hpcfl.runtime.resume import RunCompleted
     from hpcfl.transport import LocalTransport
@@ -99,7 +99,7 @@ def test_the_transport_is_closed_when_set_up_ends_the_run(tiny_job, tmp_path, mo
         raise DataError("no data") if failure == "setup" else RunCompleted("done already")
 
     monkeypatch.setattr(hpcfl.launch, "make_transport", lambda: (Spy({}), 0))
-    monkeypatch.setattr(hpcfl.runtime.job, "setup", fail)
+    monkeypatch.setattr(hpcfl.runtime.build, "setup", fail)
     assert hpcfl.launch.main([str(tiny_job()), "--results-root", str(tmp_path)]) == (2 if failure == "setup" else 0)
     assert closed == [True]
 

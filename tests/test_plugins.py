@@ -81,7 +81,8 @@ def test_a_bad_plugin_is_refused_before_training_naming_the_key(key, value, mess
 def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path):
     from mpi4py import MPI
 
-    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.build import setup
+    from hpcfl.runtime.loop import run
     from hpcfl.transport import LocalTransport
     from hpcfl.transport.mpi import MpiTransport
 

@@ -16,7 +16,7 @@ from hpcfl.config import TrainConfig, job_from_dict
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.regularizers import (REGULARIZERS, ContrastiveGuiding, L2Matching, Linear, Moon, NotTrueDistillation,
                                 ProjectedClassifier, Prox, RestrictedSoftmax, SupCon, build_regularizers)
-from hpcfl.runtime.job import build_models
+from hpcfl.runtime.build import build_models
 from hpcfl.training import LocalTrainer
 
 

@@ -75,7 +75,7 @@ class Moon(Regularizer):
 
     def start(self, model, client, round, received):
         if self.params.projection and not isinstance(model.classifier, ProjectedClassifier):
-            raise HpcflError("moon: the model has no projection head; build it with hpcfl.runtime.job.build_models "
+            raise HpcflError("moon: the model has no projection head; build it with hpcfl.runtime.build.build_models "
                              "(or Moon.adapt), or set projection = 0")
         previous = {k[len("moon.previous."):]: v for k, v in client.state.items() if k.startswith("moon.previous.")}
         self.global_model.load(model, received["model"])

@@ -221,7 +221,7 @@ def _fedcme(params, epochs=2):
 
 
 def _round(server, side, clients, state, round, trainer):
-    """One round as hpcfl.runtime.job runs it: downlinks packed to float32, the swap through a Worker,
+    """One round as hpcfl.runtime.loop runs it: downlinks packed to float32, the swap through a Worker,
     the sampled clients' uplinks summed. Returns, per phase, each client's (contributions, metrics)
     and its state after the phase, and the partners payload as "partners"."""
     job = server.setup.job

@@ -15,7 +15,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.regularizers import KnowledgeAnchor
-from hpcfl.runtime.job import FORGETTING_XI
+from hpcfl.runtime.report import FORGETTING_XI
 from hpcfl.runtime.worker import Worker
 
 COUNTS = np.array([50, 3, 0, 0, 47])            # gamma 0.1: dominant {0, 4}, non-dominant {1}, missing {2, 3}

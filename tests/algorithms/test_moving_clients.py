@@ -8,7 +8,7 @@ from algorithms.helpers import Scalar, StepTrainer, client, make
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import job_from_dict
 from hpcfl.errors import ConfigError, HpcflError
-from hpcfl.runtime.job import CLIENT_METRICS
+from hpcfl.runtime.report import CLIENT_METRICS
 from hpcfl.runtime.worker import Worker
 
 MOVING = {"fedavg", "fedavgm", "fedprox", "fednova", "fedrs", "fedntd", "fedfm", "fedka"}

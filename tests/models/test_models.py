@@ -14,7 +14,7 @@ from hpcfl.models import MODELS, build_model, count_parameters, model_options, m
 from hpcfl.models.common import HeadOptions, ReluLinear
 from hpcfl.models.vision import ResNetOptions
 from hpcfl.regularizers import adapt_model
-from hpcfl.runtime.job import build_models
+from hpcfl.runtime.build import build_models
 from hpcfl.training import LocalTrainer, evaluate
 
 torch.set_num_threads(1)

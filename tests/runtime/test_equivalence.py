@@ -15,7 +15,8 @@ from helpers import assert_same_metrics, run_metrics
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import apply_overrides, job_from_dict
 from hpcfl.metrics import read_run
-from hpcfl.runtime.job import run, setup
+from hpcfl.runtime.build import setup
+from hpcfl.runtime.loop import run
 from hpcfl.transport import LocalTransport
 
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds

@@ -12,7 +12,8 @@ from hpcfl.data.partition import count_matrix, partition
 from hpcfl.data.splits import training_subset, validation_split
 from hpcfl.errors import ConfigError
 from hpcfl.metrics import read_run
-from hpcfl.runtime.job import SetupFailed, run, setup
+from hpcfl.runtime.build import SetupFailed, setup
+from hpcfl.runtime.loop import run
 from hpcfl.training import evaluate
 from hpcfl.transport import LocalTransport
 

@@ -135,7 +135,8 @@ def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys)
 def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path):
     from mpi4py import MPI
 
-    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.build import setup
+    from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import STOP
     from hpcfl.transport.mpi import MpiTransport
 

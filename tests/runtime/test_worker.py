@@ -47,7 +47,8 @@ def test_local_training_never_reads_the_device_per_batch(algorithm, tiny_job, tm
     """Host reads (each drains a GPU's queue) come per client (FedAvg: its loss and the NaN/Inf check;
     state moved to the CPU: one per tensor) and per round, never per batch: 1 and 4 epochs read alike."""
     from hpcfl.config import load_job
-    from hpcfl.runtime.job import run, setup
+    from hpcfl.runtime.build import setup
+    from hpcfl.runtime.loop import run
     from hpcfl.transport import LocalTransport
 
     reads = {}

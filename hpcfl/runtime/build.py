@@ -1,0 +1,220 @@
+"""Building a job on every rank: data, partition, placement, models, workers, server, result file.
+
+Set-up ends with a collective check, so a bad input stops every rank with one clear message before
+anyone trains. The cohort schedule is drawn up front from its own generator, so every rank knows
+every round's cohort without communication; in the rounds (hpcfl.runtime.loop) the only messages
+are the declared payloads and one small per-round report (hpcfl.runtime.report).
+"""
+import json
+import socket
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcfl.algorithms import ALGORITHMS, algorithm_params
+from hpcfl.algorithms.anchored import wrap
+from hpcfl.algorithms.base import Client, Setup
+from hpcfl.batched import BatchedTrainer
+from hpcfl.config import JobConfig, model_params
+from hpcfl.data.base import resolve_data_root
+from hpcfl.data.datasets import load_dataset
+from hpcfl.data.partition import count_matrix, partition
+from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
+from hpcfl.errors import ConfigError, HpcflError
+from hpcfl.metrics import Recorder
+from hpcfl.models import build_model, count_parameters, model_options
+from hpcfl.regularizers import adapt_model
+from hpcfl.runtime.memory import peak_bytes
+from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, pick_device, worker_ranks
+from hpcfl.runtime.provenance import run_attributes
+from hpcfl.runtime.resume import RunCompleted, restore, resume_point
+from hpcfl.runtime.server import Server
+from hpcfl.runtime.worker import Worker
+from hpcfl.seeding import cohort_schedule, torch_seed
+from hpcfl.training import LocalTrainer
+from hpcfl.transport import Transport
+
+
+class SetupFailed(HpcflError):
+    """Some rank could not set up; carries every failed rank's message."""
+
+
+@dataclass
+class Job:
+    config: JobConfig
+    transport: Transport
+    algorithm: object
+    worker: Worker | None
+    server: Server | None
+    recorder: Recorder | None
+    cohorts: np.ndarray
+    num_classes: int
+    client_metrics: tuple[str, ...]       # the report's CLIENT_METRICS this run records
+    cost: np.ndarray | None = None        # per-round placement: each client's batches per epoch; None: fixed
+    start_round: int = 0                  # > 0: resumed from a checkpoint taken after this many rounds
+
+    def hosts(self, cohort: list[int]) -> dict[int, int]:
+        """Sampled client -> the rank that trains it this round, the same on every rank."""
+        if self.cost is None:
+            return {c: self.transport.client_rank[c] for c in cohort}
+        return deal_cohort(cohort, self.cost, worker_ranks(self.transport.size))
+
+
+def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0,
+          log=print) -> Job:
+    """Build everything on every rank; raise SetupFailed on all ranks if any rank failed."""
+    info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
+    try:
+        job = _build(config, transport, data_root, local_rank, info, log)
+        info["setup_max_rss_bytes"] = peak_bytes()             # before the rounds reset the high-water mark
+    except RunCompleted as done:
+        job, info["completed"] = None, str(done)
+    except HpcflError as err:
+        job, info["error"] = None, f"{type(err).__name__}: {err}"
+    reports = transport.share(info)
+    if reports[0].get("completed"):
+        raise RunCompleted(reports[0]["completed"])
+    _raise_failures(job, config, transport, reports)
+    if reports[0].get("checkpoint"):
+        try:
+            info["error"] = None
+            restore(job, Path(reports[0]["checkpoint"]), reports[0]["resume"], log)
+        except HpcflError as err:
+            info["error"] = f"{type(err).__name__}: {err}"
+        _raise_failures(job, config, transport, transport.share(info))
+    if job.recorder:
+        attrs = run_attributes(config, reports)
+        for key, value in attrs.items():
+            job.recorder.set_attr(key, value)
+    return job
+
+
+def _raise_failures(job: Job | None, config: JobConfig, transport: Transport, reports: list[dict]) -> None:
+    failed = [r["error"] if transport.size == 1 else f"rank {r['rank']} on {r['host']}: {r['error']}"
+              for r in reports if r["error"]]
+    if failed:
+        if job and job.recorder:          # this rank was fine but another was not
+            job.recorder.close()
+            if not reports[0].get("resume_file"):    # leave no file we created; keep one we resumed
+                config.result_path.unlink(missing_ok=True)
+        raise SetupFailed("\n".join(failed))
+
+
+def _build(config: JobConfig, transport: Transport, data_root, local_rank, info, log) -> Job:
+    resume_file, rounds, checkpoint = resume_point(config, log) if transport.is_server else (False, 0, None)
+    info.update(resume_file=resume_file, resume=rounds, checkpoint=str(checkpoint or ""))
+    device = pick_device(config.run.device, local_rank, log)
+    torch.set_num_threads(config.run.threads)
+    info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
+    root = resolve_data_root(data_root or config.data.root or None)
+    workers = worker_ranks(transport.size)
+    validating = config.data.validation_fraction > 0          # the server then tests on the held-out samples too
+    data = load_dataset(config.data.dataset, root, train_images=transport.rank in workers or validating)
+    labels = data.train_y.numpy()
+    pool = np.arange(len(labels))           # the samples the clients share out: all, or a class-stratified subset
+    if config.data.train_samples:
+        pool = training_subset(labels, config.data.train_samples, config.data_seed)
+    parts = [pool[p] for p in partition(labels[pool], config.data.num_clients, config.data.partition,
+                                        config.data.partition_params, config.data_seed, config.data.min_samples,
+                                        None if data.groups is None else np.asarray(data.groups)[pool])]
+    val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
+    if config.data.validation_fraction > 0:
+        parts, val_parts = validation_split(parts, config.data.validation_fraction, config.data_seed)
+    counts = count_matrix(labels, parts, data.num_classes)
+    local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.data_seed)
+                   if config.data.local_test_ratio > 0 else None)
+    transport.client_rank = assign_clients(counts.sum(1), workers)    # each client's home; it trains there if fixed
+
+    models = build_models(config, data.input_shape, data.num_classes, device)
+    model = models[config.architectures[0]]       # the server's (the global model's architecture)
+    setup_ = Setup.of(config, model, counts, test_size=int(data.test_y.shape[0]))
+    algorithm = wrap(ALGORITHMS[config.algorithm.name](algorithm_params(config.algorithm.name, config.algorithm.params),
+                                                       setup_))
+    two_views = [t.name for t in algorithm.regularizers if t.views == 2]
+    if two_views and data.mean is None:
+        raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no images; "
+                          "drop the term or pick an image data set")
+    shared = (shared_set(labels, data.num_classes, config.data_seed)
+              if any(t.needs_shared for t in algorithm.regularizers) else None)
+    moving = algorithm.moves_clients(config)
+    worker = server = recorder = None
+    if transport.rank in workers:
+        clients = {}
+        if algorithm.client_test or config.eval.forgetting:
+            test_x, test_y = data.test_x.to(device), data.test_y.to(device)
+        if shared is not None:
+            shared_xy = _rows(data.train_x, data.train_y, shared, device)
+        for cid, rank in transport.client_rank.items():
+            if moving or rank == transport.rank:
+                clients[cid] = Client(cid, *_rows(data.train_x, data.train_y, parts[cid], device), counts[cid],
+                                      config.architecture(cid))
+                if len(val_parts[cid]):
+                    clients[cid].eval_sets["val"] = _rows(data.train_x, data.train_y, val_parts[cid], device)
+                if local_tests is not None:
+                    clients[cid].eval_sets["local_test"] = _rows(data.test_x, data.test_y, local_tests[cid], device)
+                if algorithm.client_test or config.eval.forgetting:
+                    clients[cid].test_set = test_x, test_y
+                if shared is not None:
+                    clients[cid].shared = shared_xy
+                clients[cid].state = algorithm.init_client_state(clients[cid], models[clients[cid].architecture])
+        trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
+        batched = BatchedTrainer(trainer, model, config.train.batched_clients) if config.train.batched_clients else None
+        worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
+                        config.train.on_nonfinite == "drop", batched, moving)
+    if transport.is_server:
+        server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device,
+                        validation=_rows(data.train_x, data.train_y, np.concatenate(val_parts), "cpu")
+                        if validating else None)
+        if resume_file:
+            recorder = Recorder.reopen(config.result_path, rounds)
+        else:
+            recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
+            recorder.write_array("partition", counts)
+            if shared is not None:
+                recorder.write_array("shared_samples", shared)
+        sizes = counts.sum(1)
+        log(f"hpcfl: {config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
+            f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
+            f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
+            f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
+            f"{transport.size} rank(s); "
+            f"results -> {config.result_path}")
+    cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
+                              config.train.clients_per_round)
+    measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
+                "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test,
+                "nonfinite": True}
+    cost = client_cost(counts.sum(1), config.train.batch_size) if moving else None
+    return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
+               tuple(k for k, on in measured.items() if on), cost)
+
+
+def _rows(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples `index` of (x, y) on `device` (index_select: 4x faster than x[index] on the CPU)."""
+    index = torch.from_numpy(np.asarray(index, dtype=np.int64))
+    return x.index_select(0, index).to(device), y.index_select(0, index).to(device)
+
+
+def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
+    """One model instance per architecture, each initialised from the run's "init" seed; on a
+    heterogeneous run their feature widths must agree, since the clients share a classifier. The
+    job's local terms (a preset's own included) then add their layers (MOON's projection head)."""
+    models = {}
+    preset = getattr(ALGORITHMS[config.algorithm.name], "term", None)
+    own = {f.name for f in fields(preset.Params)} if preset else set()       # the term's keys (not init, model_every)
+    terms = {**config.algorithm.regularizers,
+             **({preset.name: {k: v for k, v in config.algorithm.params.items() if k in own}} if preset else {})}
+    options = model_params(config.model.params, {name: model_options(name) for name in config.architectures})
+    for name in config.architectures:
+        torch.manual_seed(torch_seed(config.run.seed, "init"))
+        models[name] = build_model(name, in_shape, num_classes, options[name]).to(device)
+        adapt_model(models[name], terms, config.run.seed)
+    widths = {name: m.classifier.in_features for name, m in models.items() if hasattr(m, "classifier")}
+    if len(models) > 1 and len(set(widths.values())) != 1:
+        raise ConfigError(f"model.architectures have features of different widths {widths}: heterogeneous clients "
+                          "share one classifier, so pick architectures with the same width (FedClassAvg: 512)")
+    return models
+
+

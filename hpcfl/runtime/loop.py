@@ -1,0 +1,169 @@
+"""The round loop, identical on every rank, as numbered steps (`run`), and one phase of a round
+(`_phase`: a train, swap or matching phase).
+"""
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hpcfl.algorithms.base import MATCHED
+from hpcfl.errors import TrainingFault
+from hpcfl.runtime.build import Job
+from hpcfl.runtime.memory import reset_peak
+from hpcfl.runtime.report import CLIENT_METRICS, forgetting, gather_report, record, split_report
+from hpcfl.runtime.resume import control, write_checkpoint
+
+
+@dataclass
+class Round:
+    """What one round on this rank works with and fills in."""
+    number: int
+    cohort: list[int]
+    hosts: dict[int, int]                 # sampled client -> the rank that trains it
+    hosted: list[int]                     # the sampled clients this rank trains
+    rows: np.ndarray                      # client x CLIENT_METRICS, filled by the rank that trained each client
+    class_rows: np.ndarray | None         # client x class accuracies of the trained models (eval.forgetting)
+    traffic: dict = field(default_factory=lambda: {"down": {}, "up": {}, "exchange": {}})
+    phase_s: dict = field(default_factory=dict)
+
+    def count(self, direction: str, name: str, elements: int) -> None:
+        """FL bytes: what clients would send and receive (float32 elements), the same on 1 or N ranks;
+        the bytes MPI really moved are the ranks' wire figures in the report."""
+        self.traffic[direction][name] = self.traffic[direction].get(name, 0) + 4 * elements
+
+
+def run(job: Job, log=print) -> bool:
+    """The round loop, identical on every rank. Each round:
+    1. its cohort (drawn up front) and the rank each sampled client trains on;
+    2. the algorithm's phases, each a train, swap or matching phase (`_phase`);
+    3. the server's evaluation of the global model (every eval.every rounds);
+    4. one reduce of every client's metrics and every rank's figures; the server records them;
+    5. the NaN/Inf verdict, a checkpoint when due, a stop when a rank was signalled.
+    Returns False if it stopped at a checkpoint (run the job again to resume), True once every
+    round is done."""
+    cfg, transport = job.config, job.transport
+    evaluation, start_acc = {}, None
+    for number in range(job.start_round, cfg.run.rounds):
+        start = time.perf_counter()
+        transport.round = number
+        reset_peak()
+        # 1. who trains, and where
+        cohort = [int(c) for c in job.cohorts[number]]
+        hosts = job.hosts(cohort)
+        this = Round(number, cohort, hosts,
+                     sorted(c for c in cohort if hosts[c] == transport.rank) if job.worker else [],
+                     np.zeros((cfg.data.num_clients, len(CLIENT_METRICS))),
+                     np.zeros((cfg.data.num_clients, job.num_classes)) if cfg.eval.forgetting else None)
+        if cfg.eval.forgetting and job.server:        # the model this round starts from, tested once
+            tested = evaluation.get("class/test_acc")          # the last round's evaluation, if it had one
+            start_acc = tested if tested is not None else job.server.evaluate()["class_acc"]
+        # 2. the phases
+        for phase in job.algorithm.plan(number):
+            phase_start = time.perf_counter()
+            _phase(job, phase, this)
+            this.phase_s[phase.name] = this.phase_s.get(phase.name, 0.0) + time.perf_counter() - phase_start
+        # 3. evaluation
+        evaluation = _evaluate(job, number)
+        if job.server:
+            evaluation.update({f"round/{k}": v for k, v in job.algorithm.server_metrics(job.server.state).items()})
+        # 4. the report
+        rows = this.rows if this.class_rows is None else np.concatenate([this.rows, this.class_rows], axis=1)
+        report = gather_report(job, rows, this.hosted)
+        if job.server:
+            if start_acc is not None:
+                evaluation.update(forgetting(job, cohort, report, start_acc))
+            record(job, number, hosts, report, evaluation, this.phase_s, this.traffic, time.perf_counter() - start, log)
+        # 5. NaN/Inf, checkpoint, stop
+        faulty = _nonfinite(job, number, cohort, report, log) if job.server else []
+        save, stop, fault = control(job, number, bool(faulty) and cfg.train.on_nonfinite == "stop")
+        if fault:
+            raise TrainingFault(f"round {number + 1}: client(s) {faulty} gave a non-finite (NaN/Inf) loss or update, "
+                                "so the run stopped after recording the round (train.on_nonfinite = 'stop'). Fix: "
+                                "lower train.lr, or set train.on_nonfinite = 'drop' to leave such updates out and go on")
+        if save:
+            write_checkpoint(job, number + 1, log)
+        if stop:
+            return False
+    if job.server and job.algorithm.global_model and cfg.eval.feature_quality:      # FedFM Table IV
+        quality = job.server.feature_quality(cfg.run.seed)
+        for key, value in quality.items():
+            job.recorder.write_array(f"final/{key}", np.float64(value))
+        log(f"hpcfl: final global model's test features: NMI {quality['feature_nmi']:.4f}, "
+            f"silhouette {quality['feature_silhouette']:.4f}")
+    return True
+
+
+def _phase(job: Job, phase, this: Round) -> None:
+    """One phase, in the same collective order on every rank:
+    a. a matching phase opens with its gather, match and scatter (`_match`);
+    b. the server's downlink is broadcast;
+    c. a swap phase moves tensors client to client; any other phase trains the hosted clients;
+    d. the uplink is sum-reduced onto the server, which aggregates it."""
+    transport, device = job.transport, _device(job)
+    downlink, replies = _match(job, phase, this) if phase.gather else ({}, None)
+    packed = job.server.downlink(phase, this.number) if job.server else {}
+    for name, layout in phase.downlink.items():
+        downlink[name] = layout.unpack(torch.from_numpy(transport.broadcast(name, packed.get(name))).to(device))
+        this.count("down", name, layout.numel * len(this.cohort))
+    if phase.exchange is not None:
+        if job.worker:
+            job.worker.exchange(phase, this.number, this.hosted, downlink, transport)
+        this.count("exchange", phase.name, phase.exchange.numel * len(job.algorithm.exchange_sources(this.number)))
+    sums = (job.worker.run_phase(phase, this.number, this.hosted, downlink, this.rows, CLIENT_METRICS,
+                                 this.class_rows, replies)
+            if job.worker and phase.exchange is None
+            else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
+    reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
+    for name, layout in phase.uplink.items():
+        this.count("up", name, layout.numel * len(this.cohort))
+    if job.server and phase.uplink:
+        job.server.aggregate(phase, this.number, reduced)
+
+
+def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray, log) -> list[int]:
+    """The sampled clients whose loss or update went NaN/Inf this round (their updates were left out)."""
+    rows = split_report(job, report)[0]
+    faulty = [c for c in cohort if rows[c, CLIENT_METRICS.index("nonfinite")] > 0]
+    if faulty and job.config.train.on_nonfinite == "drop":
+        log(f"hpcfl: warning: round {round + 1}: client(s) {faulty} gave a non-finite loss or update; "
+                "their updates were dropped (train.on_nonfinite = 'drop'; recorded as client/nonfinite)")
+    return faulty
+
+
+def _match(job: Job, phase, this: Round) -> tuple[dict, dict]:
+    """The layer-wise matching collective that opens a matching phase: the sampled clients' tensors
+    are gathered to the server, whose answer is broadcast (one tensor) and scattered (one per client).
+    Returns (downlink with MATCHED's shared tensor, this rank's clients' replies)."""
+    transport, device = job.transport, _device(job)
+    gathered = transport.gather(phase.name, job.worker.gather(phase, this.number, this.hosted) if job.worker else {})
+    shared, replies = job.server.match(phase, this.number, gathered) if job.server else (None, None)
+    shared = transport.broadcast(phase.name, shared)
+    mine = transport.scatter(phase.name, replies, this.hosted)
+    if job.server:                      # what each client sends and receives, as for every payload
+        this.count("up", phase.name, sum(v.size for v in gathered.values()))
+        this.count("down", phase.name, shared.size * len(this.cohort) + sum(v.size for v in replies.values()))
+    return ({MATCHED: {"global": torch.from_numpy(np.asarray(shared)).to(device)}},
+            {c: torch.from_numpy(np.asarray(r)).to(device) for c, r in mine.items()})
+
+
+def _device(job: Job):
+    return (job.worker or job.server).device
+
+
+def _evaluate(job: Job, round: int) -> dict:
+    """The global model's test metrics on the server, every `eval.every` rounds and at the last."""
+    cfg = job.config
+    if not job.server or not cfg.evaluates(round):
+        return {}
+    start = time.perf_counter()
+    result = job.server.evaluate()
+    if result is None:                    # no global model (local-only): accuracy is personalised
+        return {}
+    out = {"round/test_acc": result["acc"], "round/test_loss": result["loss"], "class/test_acc": result["class_acc"]}
+    validation = job.server.evaluate(on="validation") if job.algorithm.global_model else None   # else: _record's
+    if validation is not None:
+        out.update({"round/val_acc": validation["acc"], "round/val_loss": validation["loss"]})
+    return {**out, "round/eval_s": time.perf_counter() - start}
+
+

@@ -1,0 +1,99 @@
+"""What a round reports: each client's metrics and each rank's figures, summed onto the server in
+one reduce, then written to the result file and the console.
+
+Client metrics travel as the columns CLIENT_METRICS of a clients x metrics matrix (a client's row
+is filled by the rank that trained it, zeros elsewhere), rank figures as the columns RANK_METRICS
+of a ranks x figures matrix; both go up in the round's one `report` reduce.
+"""
+import numpy as np
+
+from hpcfl.runtime.memory import peak_bytes
+
+CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "test_acc", "nonfinite", "num_samples")
+RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes", "client_state_bytes",
+                "max_rss_bytes")
+
+
+FORGETTING_XI = 1e-3            # xi of FedKA eq. (1), which keeps a class the global model never gets finite
+
+
+def split_report(job, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reduced report as (client x CLIENT_METRICS, client x class accuracies (eval.forgetting;
+    zero columns otherwise), rank x RANK_METRICS)."""
+    n = job.config.data.num_clients
+    width = len(CLIENT_METRICS) + (job.num_classes if job.config.eval.forgetting else 0)
+    clients = flat[:n * width].reshape(n, width)
+    ranks = flat[n * width:].reshape(job.transport.size, len(RANK_METRICS))
+    return clients[:, :len(CLIENT_METRICS)], clients[:, len(CLIENT_METRICS):], ranks
+
+
+def forgetting(job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) -> dict:
+    """FedKA eq. (1) per sampled client and class: (acc_global - acc_local) / (acc_global + xi), with
+    acc_global the class accuracy of the model the round started from. A client whose update was
+    non-finite (CLIENT_METRICS 'nonfinite') had no model tested: NaN, not the ~1 its zero row would give."""
+    rows, classes, _ = split_report(job, flat)
+    tested = [c for c in cohort if not rows[c, CLIENT_METRICS.index("nonfinite")] > 0]     # 1 or NaN (not set)
+    local = np.full((job.config.data.num_clients, job.num_classes), np.nan)
+    local[tested] = classes[tested]
+    return {"class/start_acc": start_acc, "client_class/test_acc": local,
+            "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
+
+
+def gather_report(job, rows: np.ndarray, hosted: list[int]) -> np.ndarray | None:
+    """Sum clients' metric rows and each rank's RANK_METRICS onto the server."""
+    transport = job.transport
+    for cid in hosted:                  # the rank that trained a client this round gives its size
+        rows[cid, CLIENT_METRICS.index("num_samples")] = job.worker.clients[cid].num_samples
+    stats = transport.take_stats()
+    ranks = np.zeros((transport.size, len(RANK_METRICS)))
+    compute = sum(part.compute_s for part in (job.worker, job.server) if part)
+    state = job.worker.client_state_bytes() if job.worker else 0
+    peak = peak_bytes()
+    ranks[transport.rank] = (compute, stats.wait_s, sum(stats.sent.values()), sum(stats.received.values()), state,
+                             peak)
+    for part in (job.worker, job.server):
+        if part:
+            part.compute_s = 0.0
+    flat = transport.reduce_sum("report", np.concatenate([rows.ravel(), ranks.ravel()]))
+    return flat
+
+
+def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, log) -> None:
+    cfg, n, cohort = job.config, job.config.data.num_clients, list(hosts)
+    rows, _, ranks = split_report(job, flat)
+    sampled = np.zeros(n, dtype=bool)
+    sampled[cohort] = True
+    values = {"client/rank": np.full(n, np.nan)}
+    values["client/rank"][cohort] = [hosts[c] for c in cohort]
+    for j, key in enumerate(CLIENT_METRICS[:-1]):
+        if key in job.client_metrics:
+            values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)
+    if "client/local_test_acc" in values:                  # personalised accuracy across the cohort
+        personal = values["client/local_test_acc"][cohort]
+        values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
+    if "client/val_acc" in values and not job.algorithm.global_model and cfg.evaluates(round):
+        values["round/val_acc"] = float(np.nanmean(values["client/val_acc"][cohort]))   # the clients' own models
+    samples, loss = rows[:, CLIENT_METRICS.index("num_samples")], rows[:, CLIENT_METRICS.index("train_loss")]
+    trained = [c for c in cohort if np.isfinite(loss[c])]          # a dropped NaN/Inf client is left out
+    values["round/train_loss"] = (float(np.sum(loss[trained] * samples[trained]) / np.sum(samples[trained]))
+                                  if trained else np.nan)
+    values.update(evaluation)
+    for direction, by_name in moved.items():
+        values.update({f"round/bytes_{direction}/{k}": float(v) for k, v in by_name.items()})
+    values.update({f"round/phase_s/{k}": v for k, v in phase_s.items()})
+    for j, key in enumerate(RANK_METRICS):
+        values[f"rank/{key}"] = ranks[:, j]
+    values["round/time_s"] = round_s
+    compute = ranks[int(len(ranks) > 1):, RANK_METRICS.index("compute_s")]        # the workers' (or the one rank's)
+    values["round/imbalance_s"] = float(compute.max() - compute.mean())     # what the average worker waits
+    job.recorder.append_round(round, values)
+    acc, personal = values.get("round/test_acc"), values.get("round/personal_acc_mean")
+    text = "" if acc is None else f"test_acc {acc:.4f}  test_loss {values['round/test_loss']:.4f}  "
+    text += "" if personal is None else f"personal_acc {personal:.4f}  "
+    text += f"val_acc {values['round/val_acc']:.4f}  " if "round/val_acc" in values else ""
+    log(f"round {round + 1:>4}/{cfg.run.rounds}  {text}train_loss {values['round/train_loss']:.4f}  "
+        f"{round_s:6.2f} s")
+    state = values["rank/client_state_bytes"]
+    if round == cfg.run.rounds - 1 and state.any():
+        log("hpcfl: per-client state held on the workers' CPUs: " +
+            ", ".join(f"rank {r} {b / 2**20:.1f} MiB" for r, b in enumerate(state) if b))
