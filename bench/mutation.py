@@ -45,6 +45,7 @@ MODULES = {
     "anchors": ["tests/test_anchors.py"],
     "data/partition": ["tests/data/test_partition.py"],
     "data/splits": ["tests/data/test_partition.py", "tests/algorithms/test_fedka.py"],
+    "data/cache": ["tests/data/test_cache.py"],
     "analysis/tables": ["tests/analysis/test_tables.py"],
     "analysis/paired": ["tests/analysis/test_tables.py"],
     "regularizers/weights": ["tests/test_regularizers.py"],
