@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "Algorithm": "hpcfl.algorithms.base", "Phase": "hpcfl.algorithms.base", "Client": "hpcfl.algorithms.base",
-    "Setup": "hpcfl.algorithms.base", "ONE": "hpcfl.algorithms.base", "WEIGHT": "hpcfl.algorithms.base",
+    "Setup": "hpcfl.algorithms.base", "Traits": "hpcfl.algorithms.base", "ONE": "hpcfl.algorithms.base", "WEIGHT": "hpcfl.algorithms.base",
     "assign": "hpcfl.algorithms.base", "weighted": "hpcfl.algorithms.base", "weighted_mean": "hpcfl.algorithms.base",
     "FedAvg": "hpcfl.algorithms.fedavg", "Regularizer": "hpcfl.regularizers.base", "Frozen": "hpcfl.regularizers.base",
     "Layout": "hpcfl.payload", "Dataset": "hpcfl.data.base", "JobConfig": "hpcfl.config", "load_job": "hpcfl.config",

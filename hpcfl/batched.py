@@ -35,8 +35,8 @@ def check_job(job: JobConfig, algorithm: type) -> None:
     """Refuse, naming the key, a job whose local training is more than plain training from the global model."""
     from hpcfl.algorithms import ALGORITHMS        # the registry imports the algorithms, which import this module
 
-    if not algorithm.batched:
-        supported = sorted(name for name, cls in ALGORITHMS.items() if cls.batched)
+    if not algorithm.traits.batched:
+        supported = sorted(name for name, cls in ALGORITHMS.items() if cls.traits.batched)
         raise ConfigError(f"{KEY} = {job.train.batched_clients}: algorithm '{algorithm.name}' does more than plain "
                           "training from the global model (local terms, per-client models or training in parts), so "
                           f"its clients train one at a time; use one of {supported}, or set {KEY} = 0")

@@ -320,7 +320,7 @@ def _check_registries(job: JobConfig) -> None:
     for name, raw in job.algorithm.regularizers.items():
         regularizer_params(name, raw)
     ALGORITHMS[job.algorithm.name].check(job)
-    if job.eval.forgetting and not ALGORITHMS[job.algorithm.name].global_model:
+    if job.eval.forgetting and not ALGORITHMS[job.algorithm.name].traits.global_model:
         raise ConfigError(f"eval.forgetting compares local models with the global model, which algorithm "
                           f"'{job.algorithm.name}' does not have; set eval.forgetting = false")
 

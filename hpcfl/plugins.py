@@ -77,6 +77,9 @@ class Registry(Mapping):
         except ImportError as err:
             raise ConfigError(f"{key} = {name!r}: cannot import module {module_name!r} ({err}); install the "
                               "package or put its folder on PYTHONPATH, on every node") from None
+        except Exception as err:                # noqa: BLE001 — the plug-in's own code failed as it loaded
+            raise ConfigError(f"{key} = {name!r}: importing module {module_name!r} failed: "
+                              f"{type(err).__name__}: {err}") from None
         found = module
         for part in attribute.split("."):
             if not part or not hasattr(found, part):

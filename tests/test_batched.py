@@ -111,7 +111,7 @@ def test_a_nonfinite_client_is_caught_alike_and_spares_its_group(tiny_job, tmp_p
 
 
 def test_only_classes_that_vouch_for_their_local_update_batch():
-    assert sorted(n for n, cls in ALGORITHMS.items() if cls.batched) == ["fedavg", "fedavgm", "fednova"]
+    assert sorted(n for n, cls in ALGORITHMS.items() if cls.traits.batched) == ["fedavg", "fedavgm", "fednova"]
 
 
 @pytest.mark.parametrize("job", [{"algorithm": {"name": "scaffold"}},

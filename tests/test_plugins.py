@@ -83,7 +83,6 @@ def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path)
 
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
-    from hpcfl.transport import LocalTransport
     from hpcfl.transport.mpi import MpiTransport
 
     comm = MPI.COMM_WORLD
@@ -163,3 +162,29 @@ def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job):
         assert weight == 4.0
     assert sent == [1.0, 6.5, 3.5]          # trained = start + 1; from round 1 on plus 0.5 x the last update (1)
     assert float(client.state["update.weight"]) == 1.0
+
+
+def test_traits_are_one_record_inherited_but_for_the_promises_about_client_update():
+    from hpcfl import Algorithm, FedAvg, Traits
+    from hpcfl.algorithms import ALGORITHMS
+
+    class Quiet(FedAvg):                    # declares nothing: FedAvg's traits but batched and stateless
+        name = "quiet"
+
+    assert FedAvg.traits.batched and FedAvg.traits.stateless
+    assert Quiet.traits == FedAvg.traits.but(batched=False, stateless=False)
+    assert ALGORITHMS["ensemble"].traits == Traits(client_test=True, global_model=False, heterogeneous=True)
+    with pytest.raises(TypeError, match=r"traits = Traits\(stateless=...\)"):
+        type("Old", (Algorithm,), {"name": "old", "stateless": True})     # an earlier release's class flag
+
+
+def test_a_plugin_that_fails_as_it_loads_is_a_config_error_naming_the_key(tmp_path, monkeypatch, capsys):
+    (tmp_path / "brokenfl.py").write_text("from hpcfl import FedAvg\n\n"
+                                          "class Old(FedAvg):\n    name = 'old'\n    stateless = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = _job(tmp_path)
+    job["algorithm"] = {"name": "brokenfl:Old"}
+    job["algorithm"].pop("regularizers", None)
+    with pytest.raises(hpcfl.ConfigError, match=r"algorithm.name = 'brokenfl:Old': importing module 'brokenfl' "
+                                                r"failed: TypeError: .*traits = Traits\(stateless=...\)"):
+        hpcfl.run(job, log=lambda text: None)

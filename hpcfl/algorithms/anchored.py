@@ -8,7 +8,7 @@ anchors instead of the model, which the clients already hold. `WithAnchors` does
 the algorithm it wraps, the way a strategy wraps a strategy (flower's dp_fixed_clipping): the
 wrapped algorithm never sees the anchor phase, and FedAvg, FedProx, FedNova, MOON, ... all get it by
 configuration. An algorithm that carries anchors in its own phases (FedFM-Lite: one handshake) or
-cannot use them (no global model) is not wrapped: `wrap` asks its `anchor_phase`.
+cannot use them (no global model) is not wrapped: `wrap` asks its `traits.anchor_phase`.
 """
 import dataclasses
 
@@ -23,7 +23,7 @@ def matching_term(algorithm: Algorithm):
 
 def wrap(algorithm: Algorithm) -> Algorithm:
     """The algorithm the runtime drives: wrapped when its job matches features and it takes the phase."""
-    return WithAnchors(algorithm) if algorithm.anchor_phase and matching_term(algorithm) else algorithm
+    return WithAnchors(algorithm) if algorithm.traits.anchor_phase and matching_term(algorithm) else algorithm
 
 
 class WithAnchors:

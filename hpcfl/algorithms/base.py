@@ -18,7 +18,8 @@ client, of any size; FedMA's layer-wise matching).
 The runtime calls these hooks directly. FedFM's anchor phase is not part of the contract: with a
 feature-matching term in the job, the runtime wraps the algorithm (hpcfl.algorithms.anchored).
 
-An algorithm whose `client_update` is plain training from the downlinked model sets `batched`, and
+What the runtime may assume of an algorithm is declared in one record, `traits` (Traits). An
+algorithm whose `client_update` is plain training from the downlinked model declares `batched`, and
 its workers may then train the sampled clients together (train.batched_clients, hpcfl.batched).
 
 Uplinks are *contributions* `(tensors, weight)`: the runtime adds `weight * tensors` into one
@@ -27,6 +28,7 @@ an algorithm sends `weight * value` (plus the scalar WEIGHT if it needs the norm
 in `aggregate`: weighted averaging costs one reduce whatever the number of clients.
 Algorithms never import MPI; the runtime and the transport never import a concrete algorithm.
 """
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
@@ -106,30 +108,44 @@ class Setup:
         return self.model_layout.select(set(self.parameter_names).__contains__)
 
 
+@dataclass(frozen=True)
+class Traits:
+    """What the runtime may assume of an algorithm. A subclass that declares no `traits` inherits its
+    parent's but `batched` and `stateless`: those vouch for the class's own client_update, so each
+    class that keeps them says so (`traits = Parent.traits.but(...)` or a new Traits)."""
+    client_test: bool = False     # clients get the global test set as Client.test_set
+    sgd_only: str = ""            # why the algorithm needs train.optimizer = "sgd", if it does
+    anchor_phase: bool = True     # a feature-matching term wraps it in FedFM's anchor phase (anchored.py)
+    global_model: bool = True     # False: no single global model (local-only, ensemble)
+    heterogeneous: bool = False   # clients may have different architectures (model.architectures)
+    batched: bool = False         # client_update is start_from(downlink["model"]) + self.train (no terms of its
+                                  # own) + contributions, so a worker may train its clients together
+    stateless: bool = False       # its clients keep nothing between rounds (no client.state, swaps or
+                                  # matching), so any worker may train any client
+
+    def but(self, **changes) -> "Traits":
+        return dataclasses.replace(self, **changes)
+
+
 class Algorithm:
     name: ClassVar[str]
-    client_test: ClassVar[bool] = False     # clients get the global test set as Client.test_set
-    sgd_only: ClassVar[str] = ""            # why the algorithm needs train.optimizer = "sgd", if it does
-    anchor_phase: ClassVar[bool] = True     # a feature-matching term wraps it in FedFM's anchor phase (anchored.py)
-    global_model: ClassVar[bool] = True     # False: no single global model (local-only, ensemble)
-    heterogeneous: ClassVar[bool] = False   # clients may have different architectures (model.architectures)
-    batched: ClassVar[bool] = False         # client_update is start_from(downlink["model"]) + self.train (no terms of
-                                            # its own) + contributions, so a worker may train its clients together
-                                            # (train.batched_clients); never inherited: each class vouches for its own
-    stateless: ClassVar[bool] = False       # its clients keep nothing between rounds (no client.state, swaps or
-                                            # matching), so any worker may train any client; never inherited either
+    traits: ClassVar[Traits] = Traits()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.batched = cls.__dict__.get("batched", False)
-        cls.stateless = cls.__dict__.get("stateless", False)
+        loose = [f.name for f in dataclasses.fields(Traits) if f.name in cls.__dict__]
+        if loose:                               # the class flags of earlier releases would be ignored silently
+            raise TypeError(f"{cls.__qualname__} sets {', '.join(loose)} as class attributes: declare them in its "
+                            f"traits record, traits = Traits({', '.join(f'{n}=...' for n in loose)}) (hpcfl.Traits)")
+        if "traits" not in cls.__dict__:
+            cls.traits = cls.traits.but(batched=False, stateless=False)
 
     @classmethod
     def moves_clients(cls, job: JobConfig) -> bool:
         """Whether this job deals each round's sampled clients to any worker: run.placement is not
         'fixed', and the algorithm is stateless, its terms keep no state and BatchNorm is shared."""
         terms = [*job.algorithm.regularizers, *([cls.term.name] if getattr(cls, "term", None) else [])]
-        return (job.run.placement != "fixed" and cls.stateless and job.model.batchnorm != "local"
+        return (job.run.placement != "fixed" and cls.traits.stateless and job.model.batchnorm != "local"
                 and not any(REGULARIZERS[n].keeps_state for n in terms))
 
     @dataclass(frozen=True)
@@ -143,9 +159,9 @@ class Algorithm:
     @classmethod
     def check(cls, job: JobConfig) -> None:
         """Rules on the whole job beyond the parameters' own types; raise ConfigError naming the fix."""
-        if cls.sgd_only and job.train.optimizer != "sgd":
-            raise ConfigError(f"algorithm '{cls.name}' needs train.optimizer = \"sgd\": {cls.sgd_only}")
-        if len(job.architectures) > 1 and not cls.heterogeneous:
+        if cls.traits.sgd_only and job.train.optimizer != "sgd":
+            raise ConfigError(f"algorithm '{cls.name}' needs train.optimizer = \"sgd\": {cls.traits.sgd_only}")
+        if len(job.architectures) > 1 and not cls.traits.heterogeneous:
             raise ConfigError(f"algorithm '{cls.name}' shares whole models, so every client needs the same one: "
                               f"model.architectures = {list(job.architectures)} needs an algorithm for "
                               "heterogeneous clients (fedclassavg, fedproto, local_only, ensemble)")
@@ -227,7 +243,7 @@ class Algorithm:
     def batch_start(self, phase: Phase, downlink: dict[str, Tensors]) -> Tensors | None:
         """The model state every sampled client starts this phase from, if they may train together
         (hpcfl.batched, then handed to `client_update` through its trainer); None: one by one."""
-        return downlink["model"] if self.batched else None
+        return downlink["model"] if self.traits.batched else None
 
     def client_model(self, client: Client, model: nn.Module) -> nn.Module:
         """The module the client trains this phase: the worker's shared instance of its architecture

@@ -45,7 +45,7 @@ from typing import ClassVar
 
 import torch
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, assign, weighted, weighted_mean
+from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, Traits, assign, weighted, weighted_mean
 from hpcfl.algorithms.initial import InitParams, independent_init, with_init
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox,
@@ -54,7 +54,7 @@ from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTr
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    batched = stateless = True
+    traits = Traits(batched=True, stateless=True)
     term: ClassVar[type[Regularizer] | None] = None      # a preset's own local term, built from Params
     Params = InitParams
 
@@ -113,7 +113,7 @@ class FedAvg(Algorithm):
 
 class FedProx(FedAvg):
     name, term, Params = "fedprox", Prox, with_init(Prox.Params)
-    stateless = True
+    traits = Traits(stateless=True)
 
 
 class MOON(FedAvg):            # not stateless: each client keeps its previous local model
@@ -122,19 +122,19 @@ class MOON(FedAvg):            # not stateless: each client keeps its previous l
 
 class FedRS(FedAvg):
     name, term, Params = "fedrs", RestrictedSoftmax, with_init(RestrictedSoftmax.Params)
-    stateless = True
+    traits = Traits(stateless=True)
 
 
 class FedNTD(FedAvg):
     name, term, Params = "fedntd", NotTrueDistillation, with_init(NotTrueDistillation.Params)
-    stateless = True
+    traits = Traits(stateless=True)
 
 
 class FedFM(FedAvg):
     name, term, Params = "fedfm", ContrastiveGuiding, with_init(ContrastiveGuiding.Params)
-    stateless = True
+    traits = Traits(stateless=True)
 
 
 class FedKA(FedAvg):
     name, term, Params = "fedka", KnowledgeAnchor, with_init(KnowledgeAnchor.Params)
-    stateless = True
+    traits = Traits(stateless=True)

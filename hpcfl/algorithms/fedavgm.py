@@ -15,12 +15,13 @@ rule with eta = 1, as in FedNTD's code (beta = 0.7): server_lr = 1.
 """
 from dataclasses import dataclass
 
+from hpcfl.algorithms.base import Traits
 from hpcfl.algorithms.fedavg import FedAvg
 
 
 class FedAvgM(FedAvg):
     name = "fedavgm"
-    batched = stateless = True
+    traits = Traits(batched=True, stateless=True)
 
     @dataclass(frozen=True)
     class Params:

@@ -10,7 +10,7 @@ T_s has them); models every `model_every` = a rounds: the server broadcasts the 
 client continues from its own local model; one that has not trained since the latest global
 model starts from that model (every worker keeps the latest broadcast). The byte counters show
 the saving: roughly a times fewer model bytes. Anchors travel inside its own phase, so the runtime
-does not wrap it in FedFM's separate anchor phase (`anchor_phase = False`, hpcfl.algorithms.anchored).
+does not wrap it in FedFM's separate anchor phase (`traits.anchor_phase` False, hpcfl.algorithms.anchored).
 
 The paper has every client train every round. With a > 1 we require that (our choice, refused at
 config time otherwise): under partial participation a client sampled between model rounds but not
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
 from hpcfl.config import params_from
@@ -31,7 +31,8 @@ LOCAL, BASE = "lite.model.", "lite.base"      # a client's own model and the glo
 
 
 class FedFMLite(FedAvg):
-    name, term, anchor_phase = "fedfm_lite", ContrastiveGuiding, False
+    name, term = "fedfm_lite", ContrastiveGuiding
+    traits = Traits(anchor_phase=False)
 
     @dataclass(frozen=True)
     class Params(ContrastiveGuiding.Params):

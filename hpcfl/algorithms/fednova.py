@@ -13,7 +13,7 @@ authors' is added after it, so with both momentum and mu a_i is approximate. SCA
 its control variates by the same a_i (`normalising_steps`, `prox_lr_mu`).
 Buffers (BatchNorm statistics) take the sample-weighted mean.
 """
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.config import params_from
 from hpcfl.errors import ConfigError
@@ -54,9 +54,7 @@ def check_prox(name: str, job) -> None:
 
 class FedNova(FedAvg):
     name = "fednova"
-    batched = stateless = True
-
-    sgd_only = "its normalisation counts SGD steps (with momentum and prox)"
+    traits = Traits(batched=True, stateless=True, sgd_only="its normalisation counts SGD steps (with momentum and prox)")
 
     @classmethod
     def check(cls, job):

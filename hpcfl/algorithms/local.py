@@ -55,7 +55,7 @@ class LocalOnly(Personal):
 
 class Ensemble(LocalOnly):
     name = "ensemble"
-    client_test = True          # global_model stays False: the ensemble has no single model's features
+    traits = LocalOnly.traits.but(client_test=True)     # still no global model: no single model's features
 
     @classmethod
     def check(cls, job):

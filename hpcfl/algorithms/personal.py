@@ -7,7 +7,7 @@ copy per architecture and worker. There is no single global model: accuracy is p
 trained client's model on its own held-out data, so the job needs data.local_test_ratio or
 data.validation_fraction.
 """
-from hpcfl.algorithms.base import Algorithm, Tensors
+from hpcfl.algorithms.base import Algorithm, Tensors, Traits
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.regularizers import REGULARIZERS
@@ -16,8 +16,7 @@ OWN = "model."
 
 
 class Personal(Algorithm):
-    global_model = False
-    heterogeneous = True
+    traits = Traits(global_model=False, heterogeneous=True)
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
@@ -30,7 +29,7 @@ class Personal(Algorithm):
         if matching:
             raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
                               f"drop {matching} from algorithm.regularizers")
-        if not cls.client_test and job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
+        if not cls.traits.client_test and job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
             raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
                               "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "
                               "data.validation_fraction (e.g. 0.2)")

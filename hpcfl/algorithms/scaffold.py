@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.algorithms.fednova import check_prox, normalising_steps, prox_lr_mu
 from hpcfl.regularizers import Linear
@@ -40,7 +40,7 @@ class Scaffold(FedAvg):
     class Params:
         server_lr: float = 1.0
 
-    sgd_only = "its option II control variates divide the model change by lr times the SGD step count"
+    traits = Traits(sgd_only="its option II control variates divide the model change by lr times the SGD step count")
 
     @classmethod
     def check(cls, job):

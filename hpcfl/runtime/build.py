@@ -142,7 +142,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     worker = server = recorder = None
     if transport.rank in workers:
         clients = {}
-        if algorithm.client_test or config.eval.forgetting:
+        if algorithm.traits.client_test or config.eval.forgetting:
             test_x, test_y = data.test_x.to(device), data.test_y.to(device)
         if shared is not None:
             shared_xy = _rows(data.train_x, data.train_y, shared, device)
@@ -154,7 +154,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
                     clients[cid].eval_sets["val"] = _rows(data.train_x, data.train_y, val_parts[cid], device)
                 if local_tests is not None:
                     clients[cid].eval_sets["local_test"] = _rows(data.test_x, data.test_y, local_tests[cid], device)
-                if algorithm.client_test or config.eval.forgetting:
+                if algorithm.traits.client_test or config.eval.forgetting:
                     clients[cid].test_set = test_x, test_y
                 if shared is not None:
                     clients[cid].shared = shared_xy
@@ -184,7 +184,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
-                "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.client_test,
+                "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.traits.client_test,
                 "nonfinite": True}
     cost = client_cost(counts.sum(1), config.train.batch_size) if moving else None
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,

@@ -85,7 +85,7 @@ def run(job: Job, log=print) -> bool:
             write_checkpoint(job, number + 1, log)
         if stop:
             return False
-    if job.server and job.algorithm.global_model and cfg.eval.feature_quality:      # FedFM Table IV
+    if job.server and job.algorithm.traits.global_model and cfg.eval.feature_quality:      # FedFM Table IV
         quality = job.server.feature_quality(cfg.run.seed)
         for key, value in quality.items():
             job.recorder.write_array(f"final/{key}", np.float64(value))
@@ -161,7 +161,7 @@ def _evaluate(job: Job, round: int) -> dict:
     if result is None:                    # no global model (local-only): accuracy is personalised
         return {}
     out = {"round/test_acc": result["acc"], "round/test_loss": result["loss"], "class/test_acc": result["class_acc"]}
-    validation = job.server.evaluate(on="validation") if job.algorithm.global_model else None   # else: _record's
+    validation = job.server.evaluate(on="validation") if job.algorithm.traits.global_model else None   # else: _record's
     if validation is not None:
         out.update({"round/val_acc": validation["acc"], "round/val_loss": validation["loss"]})
     return {**out, "round/eval_s": time.perf_counter() - start}

@@ -71,7 +71,7 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, log) ->
     if "client/local_test_acc" in values:                  # personalised accuracy across the cohort
         personal = values["client/local_test_acc"][cohort]
         values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
-    if "client/val_acc" in values and not job.algorithm.global_model and cfg.evaluates(round):
+    if "client/val_acc" in values and not job.algorithm.traits.global_model and cfg.evaluates(round):
         values["round/val_acc"] = float(np.nanmean(values["client/val_acc"][cohort]))   # the clients' own models
     samples, loss = rows[:, CLIENT_METRICS.index("num_samples")], rows[:, CLIENT_METRICS.index("train_loss")]
     trained = [c for c in cohort if np.isfinite(loss[c])]          # a dropped NaN/Inf client is left out

@@ -337,7 +337,7 @@ class _Affine(Scalar):
 def test_ensemble_clients_vote_with_their_trained_model_on_evaluation_rounds_only():
     algo = make("ensemble", _Affine(), num_clients=2, train={"clients_per_round": 2}, eval={"every": 2},
                 run={"rounds": 4})
-    assert algo.client_test and not algo.global_model
+    assert algo.traits.client_test and not algo.traits.global_model
     assert [bool(p.uplink) for r in range(4) for p in algo.plan(r)] == [False, True, False, True]
     state = algo.init_server_state(_Affine())
     assert torch.equal(state["probs"], torch.full((2, 2), 0.5))              # no vote yet: uniform

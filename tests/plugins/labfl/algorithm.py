@@ -1,12 +1,12 @@
 """FedAvg with a server step size: the global model moves `step` of the way to the clients' mean."""
 from dataclasses import dataclass
 
-from hpcfl import FedAvg, assign
+from hpcfl import FedAvg, Traits, assign
 
 
 class HalfStep(FedAvg):
     name = "half_step"
-    stateless = True
+    traits = Traits(stateless=True)
 
     @dataclass(frozen=True)
     class Params:

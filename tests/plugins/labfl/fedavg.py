@@ -2,12 +2,12 @@
 variant whose clients remember their last update between rounds."""
 from dataclasses import dataclass
 
-from hpcfl import ONE, WEIGHT, Algorithm, Phase, assign, weighted, weighted_mean
+from hpcfl import ONE, WEIGHT, Algorithm, Phase, Traits, assign, weighted, weighted_mean
 
 
 class MyFedAvg(Algorithm):
     name = "my_fedavg"
-    stateless = True                      # clients keep nothing between rounds: any worker may train any
+    traits = Traits(stateless=True)       # clients keep nothing between rounds: any worker may train any
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
@@ -36,7 +36,7 @@ class ClientMemory(MyFedAvg):
     """Each client adds `beta` times its previous round's update to this round's (a client-side
     momentum across rounds): state that stays with the client on its worker."""
     name = "client_memory"
-    stateless = False                     # not inherited anyway: it keeps client.state
+    traits = Traits()                     # it keeps client.state (`stateless` is never inherited anyway)
 
     @dataclass(frozen=True)
     class Params:
