@@ -53,7 +53,9 @@ def verdict(low: float, high: float, null: float, higher_is_better: bool) -> str
 def compare(results: Results, baseline: dict, stat: str = "final", metric: str = "round/test_acc",
             last: int = 10, target: float | None = None, by: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Per group of `by` keys (default: every other key that varies) and arm, the paired effect of the
-    arm over `baseline` ({key: value}, one key). Returns the table and the runs that found no partner."""
+    arm over `baseline` ({key: value}, one key). Returns the table and the runs that found no partner.
+    A pair in which either run did not complete (diverged, interrupted, running) gives no effect; when
+    there is such a pair, a column `unfinished` counts them beside n."""
     if len(baseline) != 1:
         raise ValueError(f"--baseline names one KEY=VALUE, got {baseline}")
     (key, reference), = baseline.items()
@@ -65,6 +67,7 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
                          "use an accuracy")
     runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].astype(str),
                           "#value": [statistic(results.series[p], stat, metric, last, target) for p in runs["path"]]})
+    runs.loc[runs["status"] != "completed", "#value"] = np.nan       # a truncated series has no final figure
     if not (runs["#arm"] == str(reference)).any():
         raise ValueError(f"no run has {key} = {reference}; values: {sorted(runs['#arm'].unique())}")
     arm_of = runs.groupby("#arm")
@@ -74,6 +77,7 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
     higher_is_better = not metric.endswith("loss")          # an accuracy, or a speed-up
     null = 1.0 if stat == "rounds" else 0.0
     rows, unpaired = [], []
+    unfinished = (runs["status"] != "completed").any()
     for values, group in (runs.groupby(groups, dropna=False) if groups else [((), runs)]):     # keys as tuples
         twins = group[group.duplicated(["#arm", *PAIR_KEYS], keep=False)]
         if len(twins):
@@ -89,8 +93,10 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
             a, b = mine.loc[shared, "#value"].to_numpy(float), base.loc[shared, "#value"].to_numpy(float)
             effects = b / a if stat == "rounds" else a - b
             mean, std, low, high = interval(effects[np.isfinite(effects)])
+            ended = ((mine.loc[shared, "status"] != "completed").to_numpy()
+                     | (base.loc[shared, "status"] != "completed").to_numpy())
             rows.append({**dict(zip(groups, values)), key: arm, "n": int(np.isfinite(effects).sum()),
-                         "effect_mean": mean, "effect_std": std, "ci95_low": low, "ci95_high": high,
+                         **({"unfinished": int(ended.sum())} if unfinished else {}), "effect_mean": mean, "effect_std": std, "ci95_low": low, "ci95_high": high,
                          "verdict": verdict(low, high, null, higher_is_better)})
         unpaired += [p for i, p in zip(base.index, base["path"]) if i not in partnered]
     return pd.DataFrame(rows), sorted(unpaired)

@@ -75,14 +75,20 @@ def _per_run_stat(results: Results, stat: str, metric: str, **options) -> pd.Ser
 def summary(results: Results, by: list[str], metric: str = "round/test_acc", last: int = 10) -> pd.DataFrame:
     """Per group of `by` keys: runs, then the final `metric`, its mean over the last `last` evaluated
     rounds and (runs with data.validation_fraction > 0) its value at the best-validation round, each as
-    mean and std over the group's runs. No column selects on the test accuracy itself."""
+    mean and std over the group's completed runs. No column selects on the test accuracy itself. When
+    a run did not complete (diverged, interrupted, still running) a column `unfinished` counts them
+    per group: their truncated series enter no figure, and leaving them out silently would flatter."""
     stats = {"final": "final", f"last{last}": "last", "best_val": "best_val"}
     runs = results.runs.assign(**{name: _per_run_stat(results, stat, metric, last=last) for name, stat in stats.items()})
+    done = runs["status"] == "completed"
+    runs.loc[~done, list(stats)] = np.nan
     if not runs["best_val"].notna().any():
         del stats["best_val"]
     spread = lambda s: s.std(ddof=0)          # noqa: E731
-    table = _grouped(runs, by).agg(runs=("path", "size"), **{f"{name}_{fn}": (name, agg) for name in stats
-                                                             for fn, agg in (("mean", "mean"), ("std", spread))})
+    unfinished = {} if done.all() else {"unfinished": ("status", lambda s: int((s != "completed").sum()))}
+    table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
+                                   **{f"{name}_{fn}": (name, agg) for name in stats
+                                      for fn, agg in (("mean", "mean"), ("std", spread))})
     return table.reset_index()
 
 

@@ -116,7 +116,8 @@ def test_a_mixed_folder_reports_unfinished_and_corrupt_files_by_name(folder, cap
     captured = capsys.readouterr()
     assert "broken.h5" in captured.err and "truncated.h5" in captured.err
     assert "scaffold-0.1-0.h5 is running (2 rounds committed)" in captured.err
-    assert "| scaffold | 1 | 0.4500 ± 0.0000 |" in captured.out
+    assert "| scaffold | 1 | 1 | nan ± nan |" in captured.out            # counted, but no figure of a cut series
+    assert "| fedprox | 2 | 0 | 0.8000 ± 0.1000 |" in captured.out
     assert main(["table", str(folder / "broken.h5")]) == 2
     assert main(["table", str(folder), "--by", "no.such.key"]) == 2
 
@@ -200,6 +201,20 @@ def test_compare_pairs_only_runs_of_the_same_split_and_ignores_keys_that_cannot_
     _write(tmp_path, "fedavg", 0.1, 1, [0.1, 0.9], data={"seed": 1})            # data.seed 1 = run.seed 1: a twin
     with pytest.raises(ValueError, match="share every compared key and seed"):
         compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+
+
+def test_a_pair_with_a_run_that_did_not_complete_gives_no_effect_and_is_counted(tmp_path):
+    _arms(tmp_path, {"fedavg": [0.5, 0.6, 0.7], "fedka": [0.6, 0.7, 0.8]})
+    _write(tmp_path, "fedka", 0.1, 3, [0.1, 0.95], status="failed")             # diverged: stopped early
+    _write(tmp_path, "fedavg", 0.1, 3, [0.1, 0.2])
+    table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    row = table.iloc[0]
+    assert row["n"] == 3 and row["unfinished"] == 1 and row["effect_mean"] == pytest.approx(0.1) and unpaired == []
+    summary_rows = {r["algorithm.name"]: r for r in summary(load([tmp_path]), ["algorithm.name"]).to_dict("records")}
+    assert summary_rows["fedka"]["unfinished"] == 1 and summary_rows["fedka"]["final_mean"] == pytest.approx(0.7)
+    assert summary_rows["fedavg"]["unfinished"] == 0 and summary_rows["fedavg"]["final_mean"] == pytest.approx(0.5)
+    complete, _ = compare(load([tmp_path / "fedavg-0.1-0.h5", tmp_path / "fedka-0.1-0.h5"]), {"algorithm.name": "fedavg"})
+    assert "unfinished" not in complete.columns                                  # only where it happened
 
 
 def test_default_grouping_ignores_keys_that_cannot_change_results(tmp_path, capsys):
