@@ -43,7 +43,7 @@ def entry_path(folder: Path, name: str, sources: list[Path]) -> Path:
     return folder / f"{name}-{where}-{hashlib.sha256(stats.encode()).hexdigest()[:16]}.npz"
 
 
-def cached(name: str, sources: list[Path], decode: Callable[[bool], Arrays], train_images: bool = True) -> Arrays:
+def cached(name: str, sources: list[Path], decode: Callable[[bool], Arrays], train_images: bool) -> Arrays:
     """`decode(train_images)`'s arrays (train_x, train_y, test_x, test_y; train_x None when not
     `train_images`), from the cache when it holds an entry for these sources. A miss decodes; a
     decode of everything (train_images) is stored for the next run."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hpcfl.data.idx
+from hpcfl.data.cache import cache_folder, entry_path
 from hpcfl.data.datasets import load_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,3 +96,40 @@ def test_an_unwritable_cache_warns_and_still_loads(tmp_path, monkeypatch, capfd)
     monkeypatch.setenv("HPCFL_CACHE", str(tmp_path / "a-file" / "cache"))    # cannot be made a folder
     data = load_dataset("mnist", tmp_path / "data")
     assert len(data.train_x) == 20 and "HPCFL_CACHE" in capfd.readouterr().err
+
+
+def test_the_cache_folder_follows_hpcfl_cache_then_xdg_then_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("HPCFL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_folder() == tmp_path / "xdg" / "hpcfl"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_folder() == tmp_path / "home" / ".cache" / "hpcfl"
+    monkeypatch.setenv("HPCFL_CACHE", str(tmp_path / "deep" / "er" / "cache"))     # made with its parents
+    _write_mnist(tmp_path / "data")
+    load_dataset("mnist", tmp_path / "data")
+    assert len(list((tmp_path / "deep" / "er" / "cache").glob("mnist-*.npz"))) == 1
+
+
+def test_each_data_root_keeps_its_own_entry(cache, tmp_path):
+    _write_mnist(tmp_path / "other", seed=2)
+    load_dataset("mnist", tmp_path / "data")
+    load_dataset("mnist", tmp_path / "other")
+    assert len(list(cache.glob("mnist-*.npz"))) == 2                  # replacing is per root, not per name
+
+
+def test_an_entry_holding_pickled_objects_is_never_unpickled(cache, tmp_path):
+    whole = load_dataset("mnist", tmp_path / "data")
+    entry = next(cache.glob("mnist-*.npz"))
+    objects = np.empty(1, dtype=object)
+    objects[0] = {"not": "pixels"}
+    np.savez(entry, train_x=objects, train_y=objects, test_x=objects, test_y=objects)   # a tampered entry
+    assert _same(load_dataset("mnist", tmp_path / "data"), whole)      # refused, decoded again
+
+
+def test_a_failed_rename_leaves_no_staged_file(cache, tmp_path, capfd):
+    sources = sorted((tmp_path / "data" / "mnist").glob("*-ubyte.gz"))
+    entry_path(cache, "mnist", sources).mkdir(parents=True)            # a folder where the entry would go
+    assert len(load_dataset("mnist", tmp_path / "data").train_x) == 20
+    assert "HPCFL_CACHE" in capfd.readouterr().err
+    assert [p.name for p in cache.iterdir()] == [entry_path(cache, "mnist", sources).name]   # no .tmp left
