@@ -91,7 +91,7 @@ def fedfm_resnet18(clients_here: list[int]):
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
     from hpcfl.algorithms.anchored import wrap
     from hpcfl.algorithms.base import Client, Setup
-    from hpcfl.config import load_job
+    from hpcfl.jobs import load_job
     from hpcfl.models import build_model
     from hpcfl.runtime.server import Server
     from hpcfl.runtime.worker import Worker

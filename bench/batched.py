@@ -18,7 +18,7 @@ import torch
 
 from hpcfl.algorithms.base import Client
 from hpcfl.batched import BatchedTrainer
-from hpcfl.config import load_job
+from hpcfl.jobs import load_job
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition

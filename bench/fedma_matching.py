@@ -18,7 +18,7 @@ import torch
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import MATCHED, Client, Setup
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.models import build_model
 from hpcfl.models.neurons import chain, place, place_inputs, width
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcfl.config import load_job
+from hpcfl.jobs import load_job
 from hpcfl.metrics import read_run
 
 MPIRUN = str(Path(sys.executable).with_name("mpirun"))

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.config import load_job
+from hpcfl.jobs import load_job
 from hpcfl.metrics import read_run
 from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, worker_ranks
 

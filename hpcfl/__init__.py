@@ -17,7 +17,7 @@ _EXPORTS = {
     "Setup": "hpcfl.algorithms.base", "Traits": "hpcfl.algorithms.base", "ONE": "hpcfl.algorithms.base", "WEIGHT": "hpcfl.algorithms.base",
     "assign": "hpcfl.algorithms.base", "weighted": "hpcfl.algorithms.base", "weighted_mean": "hpcfl.algorithms.base",
     "FedAvg": "hpcfl.algorithms.fedavg", "Regularizer": "hpcfl.regularizers.base", "Frozen": "hpcfl.regularizers.base",
-    "Layout": "hpcfl.payload", "Dataset": "hpcfl.data.base", "JobConfig": "hpcfl.config", "load_job": "hpcfl.config",
+    "Layout": "hpcfl.payload", "Dataset": "hpcfl.data.base", "JobConfig": "hpcfl.config", "load_job": "hpcfl.jobs",
     "read_run": "hpcfl.metrics", "ConfigError": "hpcfl.errors", "DataError": "hpcfl.errors",
     "torch_generator": "hpcfl.seeding", "numpy_rng": "hpcfl.seeding",
 }

@@ -31,12 +31,10 @@ PLAIN_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.AvgPo
 Tensors = dict[str, torch.Tensor]
 
 
-def check_job(job: JobConfig, algorithm: type) -> None:
-    """Refuse, naming the key, a job whose local training is more than plain training from the global model."""
-    from hpcfl.algorithms import ALGORITHMS        # the registry imports the algorithms, which import this module
-
+def check_job(job: JobConfig, algorithm: type, supported: list[str]) -> None:
+    """Refuse, naming the key, a job whose local training is more than plain training from the global model
+    (`supported`: the algorithms that declare Traits(batched=True), for the message)."""
     if not algorithm.traits.batched:
-        supported = sorted(name for name, cls in ALGORITHMS.items() if cls.traits.batched)
         raise ConfigError(f"{KEY} = {job.train.batched_clients}: algorithm '{algorithm.name}' does more than plain "
                           "training from the global model (local terms, per-client models or training in parts), so "
                           f"its clients train one at a time; use one of {supported}, or set {KEY} = 0")

@@ -184,7 +184,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def _coerce(path: str, value: Any, kind: type) -> Any:
+def coerce(path: str, value: Any, kind: type) -> Any:
     if not isinstance(kind, type):                # e.g. list[int]: checked by the dataclass itself
         return value
     integer = isinstance(value, int) and not isinstance(value, bool)
@@ -219,49 +219,11 @@ def _build(cls, raw: Any, path: str):
             continue
         key = f"{path}.{name}" if path else name
         kind = hints[name]
-        values[name] = _build(kind, raw[name], key) if dataclasses.is_dataclass(kind) else _coerce(key, raw[name], kind)
+        values[name] = _build(kind, raw[name], key) if dataclasses.is_dataclass(kind) else coerce(key, raw[name], kind)
     return cls(**values)
 
 
-def params_from(cls: type, raw: Any, where: str):
-    """Build a Params dataclass (an algorithm's, a regularizer's) from a config table, naming bad keys."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"[{where}] must be a table of parameters, got {raw!r}")
-    hints, names = get_type_hints(cls), [f.name for f in fields(cls)]
-    unknown = sorted(set(raw) - set(names))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in [{where}]; valid: {names or 'none'}")
-    try:
-        return cls(**{k: _coerce(f"{where}.{k}", v, hints[k]) for k, v in raw.items()})
-    except ValueError as err:
-        raise ConfigError(f"[{where}]: {err}") from None
 
-
-def model_params(raw: dict, options: dict[str, type]) -> dict[str, Any]:
-    """Each architecture's options from [model] params ({architecture: its Options dataclass} in
-    `options`): a key applies to every architecture and must be an option of each; a table under an
-    architecture's name (`params = {preactivation = true, resnet18 = {feature_layer = 512}}`) applies
-    to that architecture only and overrides, so a heterogeneous job can give one architecture an
-    option the others lack."""
-    tables = {name: raw[name] for name in options if isinstance(raw.get(name), dict)}
-    common = {k: v for k, v in raw.items() if k not in tables}
-    out = {}
-    for name, kind in options.items():
-        hints, valid, values = get_type_hints(kind), [f.name for f in fields(kind)], {}
-        for where, table in (("model.params", common), (f"model.params.{name}", tables.get(name, {}))):
-            unknown = sorted(set(table) - set(valid))
-            if unknown:
-                having = [a for a, k in options.items() if unknown[0] in {f.name for f in fields(k)}]
-                hint = (f"; set it in the table of the architectures that have it: model.params.{having[0]} = "
-                        f"{{{unknown[0]} = ...}}" if having and where == "model.params" else "")
-                raise ConfigError(f"{where}.{unknown[0]} is not an option of model '{name}'; its options: "
-                                  f"{valid or 'none'}{hint}")
-            values.update({k: _coerce(f"{where}.{k}", v, hints[k]) for k, v in table.items()})
-        try:
-            out[name] = kind(**values)
-        except ValueError as err:
-            raise ConfigError(f"[model.params] of model '{name}': {err}") from None
-    return out
 
 
 def _check_values(job: JobConfig) -> None:
@@ -301,41 +263,6 @@ def _check_values(job: JobConfig) -> None:
             raise ConfigError(f"{key} = {flat[key]!r} holds a NUL character, which no path can")
 
 
-def _check_registries(job: JobConfig) -> None:
-    # Imported here: the registries pull in torch, which config parsing alone does not need.
-    from hpcfl.algorithms import ALGORITHMS, algorithm_params
-    from hpcfl.data.datasets import DATASETS
-    from hpcfl.data.partition import check_params
-    from hpcfl.models import MODELS, model_options
-    from hpcfl.regularizers import regularizer_params
-
-    named = [("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
-             ("algorithm.name", job.algorithm.name, ALGORITHMS)]
-    named += [("model.architectures", name, MODELS) for name in job.model.architectures]
-    for key, name, registry in named:
-        registry.resolve(name, key)             # a plug-in is imported here, on every rank, before set-up
-    model_params(job.model.params, {name: model_options(name) for name in job.architectures})
-    check_params(job.data.partition, job.data.partition_params)
-    algorithm_params(job.algorithm.name, job.algorithm.params)
-    for name, raw in job.algorithm.regularizers.items():
-        regularizer_params(name, raw)
-    ALGORITHMS[job.algorithm.name].check(job)
-    if job.eval.forgetting and not ALGORITHMS[job.algorithm.name].traits.global_model:
-        raise ConfigError(f"eval.forgetting compares local models with the global model, which algorithm "
-                          f"'{job.algorithm.name}' does not have; set eval.forgetting = false")
-
-
-def load_job(path: str | Path, overrides: list[str] = (), allow_sweep: bool = False) -> JobConfig:
-    """Read, override and validate a job file; raises ConfigError naming the key and the fix. A
-    [sweep] table is for hpcfl.sweep, which runs one of its points (`allow_sweep`)."""
-    raw = read_job_file(path)
-    if "sweep" in raw and not allow_sweep:
-        raise ConfigError(f"job file {path} defines a [sweep]: run one of its points with `python -m hpcfl.sweep "
-                          f"{path} --index I` (`--list` shows them)")
-    raw.pop("sweep", None)
-    return job_from_dict(apply_overrides(raw, list(overrides)))
-
-
 def read_job_file(path: str | Path) -> dict:
     """The job file's TOML tables, unvalidated."""
     path = Path(path)
@@ -350,8 +277,10 @@ def read_job_file(path: str | Path) -> dict:
         raise ConfigError(f"job file {path} is not valid TOML: {err}") from None
 
 
-def job_from_dict(raw: dict) -> JobConfig:
+def parse_job(raw: dict) -> JobConfig:
+    """The job's tables as a JobConfig, every key and value checked on its own (types, ranges,
+    names); what the registries know (algorithms, models, data sets, loss terms) is checked by
+    hpcfl.jobs, the one place that knows both."""
     job = _build(JobConfig, raw, "")
     _check_values(job)
-    _check_registries(job)
     return job

@@ -125,7 +125,8 @@ def run_job(job, overrides=(), data_root=None, log=print):
     the command line; bad input raises hpcfl.errors.ConfigError (or DataError, ...) naming the key."""
     from pathlib import Path
 
-    from hpcfl.config import JobConfig, apply_overrides, job_from_dict, load_job
+    from hpcfl.config import JobConfig, apply_overrides
+    from hpcfl.jobs import job_from_dict, load_job
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.lock import release
@@ -156,7 +157,7 @@ def run_job(job, overrides=(), data_root=None, log=print):
 
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
-    from hpcfl.config import load_job
+    from hpcfl.jobs import load_job
     from hpcfl.errors import TrainingFault
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run

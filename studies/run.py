@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcfl.config import load_job, read_job_file
+from hpcfl.config import read_job_file
+from hpcfl.jobs import load_job
 from hpcfl.errors import ConfigError, ResultsError
 from hpcfl.metrics import compact, read_run
 from hpcfl.sweep import points

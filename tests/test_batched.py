@@ -11,7 +11,7 @@ from helpers import launch, run_metrics
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.algorithms.base import Client
 from hpcfl.batched import BatchedTrainer, Optimizer, check_model
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcfl.config import JobConfig, apply_overrides, job_from_dict, load_job, parse_override
+from hpcfl.config import JobConfig, apply_overrides, parse_override
+from hpcfl.jobs import job_from_dict, load_job
 from hpcfl.errors import ConfigError
 
 

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, assume, example, given, settings, strategies
 
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.checkpoint import checkpoint_root
-from hpcfl.config import CHOICES, JobConfig, apply_overrides, job_from_dict, load_job, parse_override, read_job_file
+from hpcfl.config import CHOICES, JobConfig, apply_overrides, parse_override, read_job_file
+from hpcfl.jobs import job_from_dict, load_job
 from hpcfl.data.datasets import DATASETS
 from hpcfl.data.partition import SCHEMES
 from hpcfl.errors import ConfigError

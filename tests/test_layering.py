@@ -1,7 +1,8 @@
 """The import layers the design rests on, read from the source (every import statement, function-level
 ones included): algorithms never touch MPI, the runtime and the transport never name a concrete
 algorithm (they go through the registry, the contract and the anchor wrapper), and the offline
-analysis never pulls in the runtime or the transport."""
+analysis never pulls in the runtime or the transport; the job's parsing (hpcfl.config) imports
+nothing of hpcfl but its errors, and the algorithm contract no local-training implementation."""
 import ast
 from pathlib import Path
 
@@ -44,3 +45,12 @@ def test_the_rules_see_imports_inside_functions(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from mpi4py import MPI\n    import hpcfl.runtime.job\n")
     assert imports(probe) == {"mpi4py", "hpcfl.runtime.job"}
+
+
+def test_config_imports_nothing_of_hpcfl_but_its_errors():
+    assert {m for m in imports(PACKAGE / "config.py") if m.startswith("hpcfl")} == {"hpcfl.errors"}
+
+
+def test_the_contract_and_local_training_do_not_import_each_other_or_the_registry():
+    assert not {m for m in imports(PACKAGE / "algorithms" / "base.py") if m in ("hpcfl.batched", "hpcfl.anchors")}
+    assert not {m for m in imports(PACKAGE / "batched.py") if m.startswith("hpcfl.algorithms")}

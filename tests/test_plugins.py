@@ -7,7 +7,8 @@ import pytest
 
 import hpcfl
 from helpers import assert_same_metrics, run_metrics
-from hpcfl.config import apply_overrides, job_from_dict
+from hpcfl.config import apply_overrides
+from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
 
@@ -121,7 +122,7 @@ def test_registries_hold_the_built_ins_and_answer_membership_without_raising():
 def test_fedavg_written_from_the_contract_alone_is_the_built_in_fedavg(tiny_job, tmp_path):
     """docs/write-your-own-algorithm.md's MyFedAvg: bit for bit the built-in, with momentum and
     weight decay, partial participation and a validation split."""
-    from hpcfl.config import load_job
+    from hpcfl.jobs import load_job
 
     paths = {}
     for name in ("fedavg", "labfl.fedavg:MyFedAvg"):
@@ -145,7 +146,7 @@ def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job):
     import torch
 
     from hpcfl import Client, Setup
-    from hpcfl.config import load_job
+    from hpcfl.jobs import load_job
     from labfl.fedavg import ClientMemory
 
     model = torch.nn.Linear(1, 1, bias=False)

@@ -12,7 +12,8 @@ from hpcfl.algorithms.anchored import matching_term, wrap
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import ONE, WEIGHT, Client, Setup
 from hpcfl.anchors import ANCHORS
-from hpcfl.config import TrainConfig, job_from_dict
+from hpcfl.config import TrainConfig
+from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.regularizers import (REGULARIZERS, ContrastiveGuiding, L2Matching, Linear, Moon, NotTrueDistillation,
                                 ProjectedClassifier, Prox, RestrictedSoftmax, SupCon, build_regularizers)

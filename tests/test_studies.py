@@ -10,7 +10,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcfl.config import load_job, read_job_file
+from hpcfl.config import read_job_file
+from hpcfl.jobs import load_job
 from hpcfl.metrics import read_run
 from hpcfl.sweep import points
 

@@ -11,7 +11,7 @@ from hpcfl.algorithms.fednova import FedNova
 from hpcfl.algorithms.fedproto import FedProto
 from hpcfl.algorithms.local import Ensemble, LocalOnly
 from hpcfl.algorithms.scaffold import Scaffold
-from hpcfl.config import params_from
+from hpcfl.params import params_from
 from hpcfl.plugins import Registry, subclass_of
 
 # algorithm.name: these, or a plug-in's "package.module:Class" (hpcfl.plugins)

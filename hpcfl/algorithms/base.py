@@ -36,7 +36,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpcfl.batched import check_job as check_batched
 from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
@@ -168,8 +167,6 @@ class Algorithm:
         matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
         if len(matching) > 1:
             raise ConfigError(f"algorithm.regularizers has {matching}: use one feature-matching term")
-        if job.train.batched_clients:
-            check_batched(job, cls)
         if job.run.placement == "per_round" and not cls.moves_clients(job):
             raise ConfigError(f"run.placement = 'per_round' deals each round's clients to any worker, but with "
                               f"algorithm '{cls.name}' (its regularizers, model.batchnorm) clients keep state from "

@@ -23,7 +23,7 @@ import torch
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
-from hpcfl.config import params_from
+from hpcfl.params import params_from
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import ContrastiveGuiding
 

@@ -15,7 +15,7 @@ Buffers (BatchNorm statistics) take the sample-weighted mean.
 """
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
-from hpcfl.config import params_from
+from hpcfl.params import params_from
 from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
 from hpcfl.regularizers import Prox

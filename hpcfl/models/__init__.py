@@ -47,7 +47,7 @@ def model_options(name: str) -> type:
 
 def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, options: Any = None) -> nn.Module:
     """A freshly initialised model (draws from torch's global generator: seed it first). `options`:
-    an instance of model_options(name) (hpcfl.config.model_params builds them from a job's [model]
+    an instance of model_options(name) (hpcfl.params.model_params builds them from a job's [model]
     params); None: the defaults."""
     if model_options(name) is NoOptions:
         return MODELS[name](in_shape, num_classes)

@@ -17,7 +17,7 @@ from typing import Mapping
 
 from torch import nn
 
-from hpcfl.config import params_from
+from hpcfl.params import params_from
 from hpcfl.plugins import Registry, subclass_of
 from hpcfl.regularizers.base import Frozen, Regularizer, Tensors
 from hpcfl.regularizers.contrastive import Moon, ProjectedClassifier, SupCon

@@ -17,7 +17,8 @@ from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.anchored import wrap
 from hpcfl.algorithms.base import Client, Setup
 from hpcfl.batched import BatchedTrainer
-from hpcfl.config import JobConfig, model_params
+from hpcfl.config import JobConfig
+from hpcfl.params import model_params
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, partition

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hpcfl.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clients, save
-from hpcfl.config import NON_RESULT_KEYS, JobConfig
+from hpcfl.config import JobConfig, NON_RESULT_KEYS
 from hpcfl.errors import HpcflError, ResultsError
 from hpcfl.metrics import read_run
 from hpcfl.runtime.lock import claim

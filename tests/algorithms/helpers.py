@@ -5,7 +5,7 @@ from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import Client, Setup
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 
 
 class Scalar(nn.Module):

@@ -12,7 +12,7 @@ from hpcfl.algorithms.anchored import wrap
 from hpcfl.algorithms.base import ONE, WEIGHT, Client
 from hpcfl.algorithms.fednova import STEPS, normalising_steps
 from hpcfl.anchors import ANCHORS, anchor_state
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError
 from hpcfl.regularizers import Linear, Prox
 

@@ -8,7 +8,7 @@ from torch import nn
 from algorithms.helpers import StepTrainer, client, make, sums
 from hpcfl.algorithms.base import ONE, WEIGHT
 from hpcfl.algorithms.initial import independent_init
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError
 from hpcfl.launch import main
 from hpcfl.metrics import read_run

@@ -12,7 +12,7 @@ from torch import nn
 from algorithms.helpers import StepTrainer, client, make, sums
 from hpcfl.algorithms.base import WEIGHT, Client
 from hpcfl.anchors import ANCHORS, anchor_state
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError

@@ -14,7 +14,7 @@ from algorithms.helpers import client, make, sums
 from hpcfl.algorithms.base import Client
 from hpcfl.algorithms.fedcme import EVALUATION, FEATURES, OWN, PARTNERS, FedCME, FeatureAlignment, make_matching, \
     many_to_one
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError
 from hpcfl.runtime.worker import Worker
 from hpcfl.seeding import cohort_schedule

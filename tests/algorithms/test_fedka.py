@@ -9,7 +9,7 @@ from torch import nn
 from algorithms.helpers import client
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import Setup
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.data.splits import class_categories, shared_set
 from hpcfl.errors import ConfigError
 from hpcfl.launch import main

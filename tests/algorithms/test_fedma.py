@@ -18,7 +18,8 @@ from algorithms.helpers import StepTrainer, client, make
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import MATCHED, Client, Setup
 from hpcfl.bbp_map import Prior, match_neurons
-from hpcfl.config import TrainConfig, job_from_dict
+from hpcfl.config import TrainConfig
+from hpcfl.jobs import job_from_dict
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.leaf import SHAKESPEARE_VOCAB
 from hpcfl.data.partition import count_matrix, partition

@@ -6,7 +6,7 @@ import pytest
 
 from algorithms.helpers import Scalar, StepTrainer, client, make
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.config import job_from_dict
+from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.runtime.report import CLIENT_METRICS
 from hpcfl.runtime.worker import Worker

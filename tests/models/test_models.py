@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from hpcfl.algorithms.base import Client
-from hpcfl.config import job_from_dict, model_params
+from hpcfl.jobs import job_from_dict
+from hpcfl.params import model_params
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError

@@ -13,7 +13,8 @@ import torch
 
 from helpers import assert_same_metrics, run_metrics
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.config import apply_overrides, job_from_dict
+from hpcfl.config import apply_overrides
+from hpcfl.jobs import job_from_dict
 from hpcfl.metrics import read_run
 from hpcfl.runtime.build import setup
 from hpcfl.runtime.loop import run

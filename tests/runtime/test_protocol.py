@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcfl.config import apply_overrides, job_from_dict
+from hpcfl.config import apply_overrides
+from hpcfl.jobs import job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, partition

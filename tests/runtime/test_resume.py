@@ -11,7 +11,7 @@ import pytest
 
 from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
 from hpcfl.checkpoint import MANIFEST, checkpoint_root
-from hpcfl.config import load_job
+from hpcfl.jobs import load_job
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 

@@ -46,7 +46,7 @@ class _HostReads(torch.overrides.TorchFunctionMode):
 def test_local_training_never_reads_the_device_per_batch(algorithm, tiny_job, tmp_path):
     """Host reads (each drains a GPU's queue) come per client (FedAvg: its loss and the NaN/Inf check;
     state moved to the CPU: one per tensor) and per round, never per batch: 1 and 4 epochs read alike."""
-    from hpcfl.config import load_job
+    from hpcfl.jobs import load_job
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
     from hpcfl.transport import LocalTransport
