@@ -124,13 +124,17 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
     """Per group: FedKA's forgetting degree (eq. 1) per class, averaged over rounds and sampled clients,
     then over the group's runs (runs made with eval.forgetting); and per class role of Definition 1
     (observation 1): over each client's dominant (training share >= gamma, default 1/classes),
-    non-dominant and missing classes, read from the run's partition."""
-    rows = []
+    non-dominant and missing classes, read from the run's partition. A run that did not complete is
+    left out and counted (`unfinished`), as in `summary`."""
+    rows, any_unfinished = [], (results.runs["status"] != "completed").any()
     for key, group in _grouped(results.runs, by):
-        per_class, per_role = [], []
-        for path in group["path"]:
+        per_class, per_role, unfinished = [], [], 0
+        for path, status in zip(group["path"], group["status"]):
             series = results.series[path]
             if "client_class/forgetting" not in series:
+                continue
+            if status != "completed":
+                unfinished += 1
                 continue
             degree = series["client_class/forgetting"]                         # rounds x clients x classes
             per_class.append(np.nanmean(degree, axis=(0, 1)))
@@ -138,11 +142,12 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
             if counts is not None:
                 masks = class_categories(counts, gamma or 1.0 / counts.shape[1])
                 per_role.append([np.nanmean(degree[:, m]) if m.any() else np.nan for m in masks])
-        if per_class:
+        if per_class or unfinished:
             roles = np.nanmean(per_role, axis=0) if per_role else [np.nan] * 3
             rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(per_class),
-                         **{f"class {c}": v for c, v in enumerate(np.mean(per_class, axis=0))},
-                         "all classes": float(np.mean(per_class)),
+                         **({"unfinished": unfinished} if any_unfinished else {}),
+                         **{f"class {c}": v for c, v in enumerate(np.mean(per_class, axis=0) if per_class else [])},
+                         "all classes": float(np.mean(per_class)) if per_class else np.nan,
                          **dict(zip(("dominant", "non-dominant", "missing"), roles))})
     return pd.DataFrame(rows)
 

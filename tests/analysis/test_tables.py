@@ -353,6 +353,13 @@ def test_forgetting_per_class_role_reads_each_clients_partition(tmp_path):
     assert row["missing"] == pytest.approx(0.85) and row["class 1"] == pytest.approx(0.35)
     strict = forgetting(results, ["algorithm.name"], gamma=0.9).iloc[0]          # no class reaches 90 %
     assert np.isnan(strict["dominant"]) and strict["non-dominant"] == pytest.approx(0.0)
+    assert "unfinished" not in forgetting(results, ["algorithm.name"]).columns
+    with Recorder.create(tmp_path / "ka-diverged.h5", {"config": {"run": {"seed": 1}, "algorithm": {"name": "fedka"}}}) as rec:
+        rec.write_array("partition", np.array([[5, 0, 1], [0, 3, 3]]))
+        rec.append_round(0, {"client_class/forgetting": np.full((2, 3), 50.0)})   # a diverged run's last round
+        rec.set_attr("status", "failed")
+    both = forgetting(load([tmp_path], metrics=("client_class/forgetting", "partition")), ["algorithm.name"]).iloc[0]
+    assert both["runs"] == 1 and both["unfinished"] == 1 and both["class 1"] == pytest.approx(0.35)
 
 
 def test_compare_at_equal_rounds_and_at_equal_bytes(tmp_path, capsys):
