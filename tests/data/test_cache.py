@@ -99,7 +99,7 @@ def test_an_unwritable_cache_warns_and_still_loads(tmp_path, monkeypatch, capfd)
 
 
 def test_the_cache_folder_follows_hpcfl_cache_then_xdg_then_home(tmp_path, monkeypatch):
-    monkeypatch.delenv("HPCFL_CACHE")
+    monkeypatch.delenv("HPCFL_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_folder() == tmp_path / "xdg" / "hpcfl"
     monkeypatch.delenv("XDG_CACHE_HOME")
