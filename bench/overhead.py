@@ -26,8 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -123,14 +123,10 @@ def setup_times(cfg, repeat: int) -> tuple[float, float]:
         setup(cfg(name), LocalTransport({}), None, log=lambda text: None).recorder.close()
         return time.perf_counter() - start
 
-    saved = os.environ.get("HPCFL_CACHE")
-    try:
-        once("cache-warm-up")
-        cached = min(once(f"cached{i}") for i in range(repeat))
-        os.environ["HPCFL_CACHE"] = "off"
+    once("cache-warm-up")
+    cached = min(once(f"cached{i}") for i in range(repeat))
+    with mock.patch.dict(os.environ, {"HPCFL_CACHE": "off"}):
         decoded = min(once(f"decoded{i}") for i in range(repeat))
-    finally:
-        os.environ.pop("HPCFL_CACHE") if saved is None else os.environ.update(HPCFL_CACHE=saved)
     return cached, decoded
 
 

@@ -48,8 +48,11 @@ def _progress(path: Path) -> tuple[int, str, list[float]]:
         return 0, "", []
     seconds = list(run.arrays.get("round/time_s", []))
     nonfinite = run.arrays.get("client/nonfinite", np.zeros((0, 0)))
-    diverged = bool(run.attrs.get("status") == "failed" and len(nonfinite) and np.nansum(nonfinite[-1]) > 0)
-    return len(seconds), "completed" if run.attrs.get("status") == "completed" else "diverged" * diverged, seconds
+    status = run.attrs.get("status")
+    if status == "completed":
+        return len(seconds), "completed", seconds
+    diverged = status == "failed" and len(nonfinite) > 0 and np.nansum(nonfinite[-1]) > 0
+    return len(seconds), "diverged" if diverged else "", seconds
 
 
 def _points(folder: Path):

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from hpcfl.analysis.results import Results, varying_keys
+from hpcfl.analysis.results import Results, completed, varying_keys
 from hpcfl.analysis.tables import statistic
 
 PAIR_KEYS = ("run.seed", "data.seed")
@@ -65,9 +65,9 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
     if stat == "rounds" and metric.endswith("loss"):
         raise ValueError(f"--stat rounds counts rounds until {metric} >= --target, which a falling loss never means; "
                          "use an accuracy")
-    runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].astype(str),
+    runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].astype(str), "#done": completed(runs),
                           "#value": [statistic(results.series[p], stat, metric, last, target) for p in runs["path"]]})
-    runs.loc[runs["status"] != "completed", "#value"] = np.nan       # a truncated series has no final figure
+    runs.loc[~runs["#done"], "#value"] = np.nan       # a truncated series has no final figure
     if not (runs["#arm"] == str(reference)).any():
         raise ValueError(f"no run has {key} = {reference}; values: {sorted(runs['#arm'].unique())}")
     arm_of = runs.groupby("#arm")
@@ -77,7 +77,7 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
     higher_is_better = not metric.endswith("loss")          # an accuracy, or a speed-up
     null = 1.0 if stat == "rounds" else 0.0
     rows, unpaired = [], []
-    unfinished = (runs["status"] != "completed").any()
+    unfinished = not runs["#done"].all()
     for values, group in (runs.groupby(groups, dropna=False) if groups else [((), runs)]):     # keys as tuples
         twins = group[group.duplicated(["#arm", *PAIR_KEYS], keep=False)]
         if len(twins):
@@ -93,10 +93,9 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
             a, b = mine.loc[shared, "#value"].to_numpy(float), base.loc[shared, "#value"].to_numpy(float)
             effects = b / a if stat == "rounds" else a - b
             mean, std, low, high = interval(effects[np.isfinite(effects)])
-            ended = ((mine.loc[shared, "status"] != "completed").to_numpy()
-                     | (base.loc[shared, "status"] != "completed").to_numpy())
+            spoilt = int((~(mine.loc[shared, "#done"].to_numpy() & base.loc[shared, "#done"].to_numpy())).sum())
             rows.append({**dict(zip(groups, values)), key: arm, "n": int(np.isfinite(effects).sum()),
-                         **({"unfinished": int(ended.sum())} if unfinished else {}), "effect_mean": mean, "effect_std": std, "ci95_low": low, "ci95_high": high,
-                         "verdict": verdict(low, high, null, higher_is_better)})
+                         **({"unfinished": spoilt} if unfinished else {}), "effect_mean": mean, "effect_std": std,
+                         "ci95_low": low, "ci95_high": high, "verdict": verdict(low, high, null, higher_is_better)})
         unpaired += [p for i, p in zip(base.index, base["path"]) if i not in partnered]
     return pd.DataFrame(rows), sorted(unpaired)

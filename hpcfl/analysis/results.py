@@ -22,7 +22,12 @@ class Results:
 
     @property
     def incomplete(self) -> pd.DataFrame:
-        return self.runs[self.runs["status"] != "completed"]
+        return self.runs[~completed(self.runs)]
+
+
+def completed(runs: pd.DataFrame) -> pd.Series:
+    """Which runs ran every round; the others (diverged, interrupted, running) enter no figure."""
+    return runs["status"] == "completed"
 
 
 def find_files(paths) -> list[Path]:

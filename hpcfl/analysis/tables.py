@@ -7,7 +7,7 @@ class (FedKA eq. 1), and where the time and bytes went; rendered as Markdown, CS
 import numpy as np
 import pandas as pd
 
-from hpcfl.analysis.results import Results
+from hpcfl.analysis.results import Results, completed
 from hpcfl.data.splits import class_categories
 
 
@@ -80,12 +80,13 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     per group: their truncated series enter no figure, and leaving them out silently would flatter."""
     stats = {"final": "final", f"last{last}": "last", "best_val": "best_val"}
     runs = results.runs.assign(**{name: _per_run_stat(results, stat, metric, last=last) for name, stat in stats.items()})
-    done = runs["status"] == "completed"
+    done = completed(runs)
     runs.loc[~done, list(stats)] = np.nan
     if not runs["best_val"].notna().any():
         del stats["best_val"]
     spread = lambda s: s.std(ddof=0)          # noqa: E731
-    unfinished = {} if done.all() else {"unfinished": ("status", lambda s: int((s != "completed").sum()))}
+    runs["unfinished"] = (~done).astype(int)
+    unfinished = {} if done.all() else {"unfinished": ("unfinished", "sum")}
     table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
                                    **{f"{name}_{fn}": (name, agg) for name in stats
                                       for fn, agg in (("mean", "mean"), ("std", spread))})
@@ -126,14 +127,15 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
     (observation 1): over each client's dominant (training share >= gamma, default 1/classes),
     non-dominant and missing classes, read from the run's partition. A run that did not complete is
     left out and counted (`unfinished`), as in `summary`."""
-    rows, any_unfinished = [], (results.runs["status"] != "completed").any()
-    for key, group in _grouped(results.runs, by):
+    runs = results.runs.assign(done=completed(results.runs))
+    rows, any_unfinished = [], not runs["done"].all()
+    for key, group in _grouped(runs, by):
         per_class, per_role, unfinished = [], [], 0
-        for path, status in zip(group["path"], group["status"]):
+        for path, done in zip(group["path"], group["done"]):
             series = results.series[path]
             if "client_class/forgetting" not in series:
                 continue
-            if status != "completed":
+            if not done:
                 unfinished += 1
                 continue
             degree = series["client_class/forgetting"]                         # rounds x clients x classes

@@ -130,5 +130,5 @@ def _finite(contributions: dict, metrics: dict) -> bool:
         return False
     sums = [t.sum(dtype=torch.float64) for tensors, weight in contributions.values()
             for t in (*tensors.values(), torch.as_tensor(weight, dtype=torch.float64))]
-    device = next((s.device for s in sums if s.device.type != "cpu"), None)      # checked where the model is
-    return bool(torch.stack([s.to(device) if device else s for s in sums]).isfinite().all()) if sums else True
+    device = next((s.device for s in sums if s.device.type != "cpu"), torch.device("cpu"))   # where the model is
+    return bool(torch.stack([s.to(device) for s in sums]).isfinite().all()) if sums else True
