@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="hpcfl",
-    version="0.1.0",
+    version="0.2.0",
     description="Federated-learning experiment runner for HPC clusters (MPI collectives, HDF5 results)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

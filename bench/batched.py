@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms.base import Client
-from hpcfl.batched import BatchedTrainer
-from hpcfl.jobs import load_job
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
+from hpcfl.jobs import load_job
 from hpcfl.models import build_model, load_state
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer
+from hpcfl.training.batched import BatchedTrainer
 
 
 def timed(device, work):

@@ -18,10 +18,9 @@ import torch
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import MATCHED, Client, Setup
+from hpcfl.algorithms.neurons import chain, place, place_inputs, width
 from hpcfl.jobs import job_from_dict
 from hpcfl.models import build_model
-from hpcfl.models.neurons import chain, place, place_inputs, width
-
 
 SHAPE, CLASSES = (3, 32, 32), 10
 

@@ -24,7 +24,6 @@ of minutes); run it before closing an issue that changes these modules.
 """
 import argparse
 import ast
-import copy
 import os
 import shutil
 import signal
@@ -42,24 +41,24 @@ MODULES = {
     "payload": ["tests/test_payload.py"],
     "transport/local": ["tests/transport/test_local.py"],
     "transport/base": ["tests/transport/test_local.py"],
-    "anchors": ["tests/test_anchors.py"],
+    "algorithms/anchors": ["tests/algorithms/test_anchors.py"],
     "data/partition": ["tests/data/test_partition.py"],
     "data/splits": ["tests/data/test_partition.py", "tests/algorithms/test_fedka.py"],
     "data/cache": ["tests/data/test_cache.py"],
     "analysis/tables": ["tests/analysis/test_tables.py"],
     "analysis/paired": ["tests/analysis/test_tables.py"],
-    "regularizers/weights": ["tests/test_regularizers.py"],
-    "regularizers/contrastive": ["tests/test_regularizers.py"],
-    "regularizers/logits": ["tests/test_regularizers.py", "tests/algorithms/test_fedka.py"],
-    "regularizers/matching": ["tests/test_regularizers.py"],
+    "terms/weights": ["tests/test_terms.py"],
+    "terms/contrastive": ["tests/test_terms.py"],
+    "terms/logits": ["tests/test_terms.py", "tests/algorithms/test_fedka.py"],
+    "terms/matching": ["tests/test_terms.py"],
     "algorithms/fedavg": ["tests/algorithms/test_fedavg.py", "tests/algorithms/test_baselines.py",
                           "tests/algorithms/test_fedka.py"],
-    "algorithms/fedavgm": ["tests/algorithms/test_baselines.py", "tests/test_regularizers.py",
+    "algorithms/fedavgm": ["tests/algorithms/test_baselines.py", "tests/test_terms.py",
                            "tests/algorithms/test_fedavg.py"],
     "algorithms/scaffold": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_scaffold.py"],
     "algorithms/fednova": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_fedavg.py"],
     "algorithms/feddyn": ["tests/algorithms/test_baselines.py"],
-    "algorithms/fedfm_lite": ["tests/algorithms/test_baselines.py", "tests/test_anchors.py"],
+    "algorithms/fedfm_lite": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_anchors.py"],
     "algorithms/fedclassavg": ["tests/algorithms/test_fedclassavg.py"],
     "algorithms/fedcme": ["tests/algorithms/test_fedcme.py"],
     "algorithms/fedma": ["tests/algorithms/test_fedma.py"],

@@ -9,17 +9,18 @@ on first use, so `import hpcfl` stays light and the analysis never pulls in the 
 """
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
     "Algorithm": "hpcfl.algorithms.base", "Phase": "hpcfl.algorithms.base", "Client": "hpcfl.algorithms.base",
     "Setup": "hpcfl.algorithms.base", "Traits": "hpcfl.algorithms.base", "ONE": "hpcfl.algorithms.base", "WEIGHT": "hpcfl.algorithms.base",
     "assign": "hpcfl.algorithms.base", "weighted": "hpcfl.algorithms.base", "weighted_mean": "hpcfl.algorithms.base",
-    "FedAvg": "hpcfl.algorithms.fedavg", "Regularizer": "hpcfl.regularizers.base", "Frozen": "hpcfl.regularizers.base",
+    "FedAvg": "hpcfl.algorithms.fedavg", "Term": "hpcfl.terms.base", "Frozen": "hpcfl.terms.base",
     "Layout": "hpcfl.payload", "Dataset": "hpcfl.data.base", "JobConfig": "hpcfl.config", "load_job": "hpcfl.jobs",
     "read_run": "hpcfl.metrics", "ConfigError": "hpcfl.errors", "DataError": "hpcfl.errors",
     "torch_generator": "hpcfl.seeding", "numpy_rng": "hpcfl.seeding",
+    "Regularizer": "hpcfl.terms.base",      # Term's old name, until the next release
 }
 __all__ = ["run", "__version__", *_EXPORTS]
 

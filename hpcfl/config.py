@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import tomllib
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -77,14 +78,18 @@ class TrainConfig:
     on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf: stop the run after the round,
                                     # or drop that client's update and go on (both record it as client/nonfinite)
     batched_clients: int = 0        # train up to this many of a worker's sampled clients as one batched
-                                    # computation (hpcfl.batched; plain training only); 0: one after another
+                                    # computation (hpcfl.training.batched; plain training only); 0: one after another
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
     name: str = "fedavg"
     params: dict = field(default_factory=dict)
-    regularizers: dict = field(default_factory=dict)   # local loss terms: ["prox", "moon"] or {prox = {mu = 0.01}}
+    terms: dict = field(default_factory=dict)   # local loss terms: ["prox", "moon"] or {prox = {mu = 0.01}}
+
+
+# keys renamed in this release -> their new names; the old ones are accepted until the next release
+RENAMED = {"algorithm.regularizers": "algorithm.terms"}
 
 
 @dataclass(frozen=True)
@@ -171,10 +176,34 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), parsed["v"] if parsed.keys() == {"v"} else raw
 
 
+def current_names(raw: dict, warn: bool = True) -> dict:
+    """The job's tables with each renamed key (RENAMED) under its new name; a FutureWarning says so
+    unless `warn` is off (a result file written before the rename)."""
+    for old, new in RENAMED.items():
+        section, old_key = old.split(".")
+        new_key = new.split(".")[1]
+        table = raw.get(section)
+        if not isinstance(table, dict) or old_key not in table:
+            continue
+        if new_key in table:
+            raise ConfigError(f"[{section}] has both {old_key!r} and {new_key!r}: {old} is the old name of {new}; "
+                              f"keep {new} alone")
+        if warn:
+            warnings.warn(f"{old} is now called {new}; the old name is accepted until the next release",
+                          FutureWarning, stacklevel=3)
+        raw = {**raw, section: {new_key if key == old_key else key: value for key, value in table.items()}}
+    return raw
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     raw = copy.deepcopy(raw)
     for text in overrides:
         path, value = parse_override(text)
+        renamed = RENAMED.get(".".join(path[:2]))
+        if renamed:
+            warnings.warn(f"{'.'.join(path[:2])} is now called {renamed}; the old name is accepted until the next "
+                          "release", FutureWarning, stacklevel=2)
+            path = [*renamed.split("."), *path[2:]]
         node = raw
         for depth, part in enumerate(path[:-1]):
             node = node.setdefault(part, {})
@@ -221,9 +250,6 @@ def _build(cls, raw: Any, path: str):
         kind = hints[name]
         values[name] = _build(kind, raw[name], key) if dataclasses.is_dataclass(kind) else coerce(key, raw[name], kind)
     return cls(**values)
-
-
-
 
 
 def _check_values(job: JobConfig) -> None:
@@ -281,6 +307,6 @@ def parse_job(raw: dict) -> JobConfig:
     """The job's tables as a JobConfig, every key and value checked on its own (types, ranges,
     names); what the registries know (algorithms, models, data sets, loss terms) is checked by
     hpcfl.jobs, the one place that knows both."""
-    job = _build(JobConfig, raw, "")
+    job = _build(JobConfig, current_names(raw), "")
     _check_values(job)
     return job

@@ -31,11 +31,11 @@ def check_registries(job: JobConfig) -> None:
     checked against its dataclass, and the algorithm's own rules on the whole job."""
     # Imported here: the registries pull in torch, which reading a job file alone does not need.
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
-    from hpcfl.batched import check_job as check_batched
     from hpcfl.data.datasets import DATASETS
     from hpcfl.data.partition import check_params
     from hpcfl.models import MODELS, model_options
-    from hpcfl.regularizers import regularizer_params
+    from hpcfl.terms import term_params
+    from hpcfl.training.batched import check_job as check_batched
 
     named = [("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
              ("algorithm.name", job.algorithm.name, ALGORITHMS)]
@@ -45,8 +45,8 @@ def check_registries(job: JobConfig) -> None:
     model_params(job.model.params, {name: model_options(name) for name in job.architectures})
     check_params(job.data.partition, job.data.partition_params)
     algorithm_params(job.algorithm.name, job.algorithm.params)
-    for name, raw in job.algorithm.regularizers.items():
-        regularizer_params(name, raw)
+    for name, raw in job.algorithm.terms.items():
+        term_params(name, raw)
     algorithm = ALGORITHMS[job.algorithm.name]
     algorithm.check(job)
     if job.train.batched_clients:

@@ -106,7 +106,7 @@ def main(argv=None, allow_sweep: bool = False) -> int:
 
 def _finish(job, status: str, log) -> None:
     """Rank 0 marks the result file with how the run ended; a completed run drops its checkpoints."""
-    from hpcfl.checkpoint import checkpoint_root
+    from hpcfl.runtime.checkpoint import checkpoint_root
 
     if job.recorder:
         job.recorder.set_attr("status", status)
@@ -128,8 +128,8 @@ def run_job(job, overrides=(), data_root=None, log=print):
     from hpcfl.config import JobConfig, apply_overrides
     from hpcfl.jobs import job_from_dict, load_job
     from hpcfl.runtime.build import setup
-    from hpcfl.runtime.loop import run
     from hpcfl.runtime.lock import release
+    from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import RunCompleted
     from hpcfl.transport import LocalTransport
 
@@ -157,8 +157,8 @@ def run_job(job, overrides=(), data_root=None, log=print):
 
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
-    from hpcfl.jobs import load_job
     from hpcfl.errors import TrainingFault
+    from hpcfl.jobs import load_job
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import STOP, RunCompleted

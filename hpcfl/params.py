@@ -8,7 +8,7 @@ from hpcfl.errors import ConfigError
 
 
 def params_from(cls: type, raw: Any, where: str):
-    """Build a Params dataclass (an algorithm's, a regularizer's) from a config table, naming bad keys."""
+    """Build a Params dataclass (an algorithm's, a term's) from a config table, naming bad keys."""
     if not isinstance(raw, dict):
         raise ConfigError(f"[{where}] must be a table of parameters, got {raw!r}")
     hints, names = get_type_hints(cls), [f.name for f in fields(cls)]

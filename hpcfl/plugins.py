@@ -5,11 +5,11 @@ Each kind has one `Registry`: a name is a built-in's (`"fedavg"`) or an import p
 
     [algorithm]
     name = "mylab.fl:FedMine"
-    regularizers = { "mylab.terms:Decorrelation" = { weight = 0.1 } }
+    terms = { "mylab.terms:Decorrelation" = { weight = 0.1 } }
 
 Built-ins are registered the same way, by import path, and imported on first use. A plug-in is
 imported when the job is validated, which every rank does before set-up, and checked for the kind
-(an Algorithm subclass, a Regularizer subclass, a callable model or data-set constructor): a missing
+(an Algorithm subclass, a Term subclass, a callable model or data-set constructor): a missing
 module, a missing name or the wrong kind is a ConfigError naming the key and the path, so the job
 exits with status 2 before any rank trains. A result file records each plug-in's path and its
 package's version (`plugins` below).

@@ -49,6 +49,20 @@ def test_bad_config_names_the_key(raw, needle):
         job_from_dict(raw)
 
 
+def test_the_old_name_of_algorithm_terms_is_accepted_with_a_warning(tmp_path):
+    terms = {"prox": {"mu": 0.1}, "moon": {}}
+    with pytest.warns(FutureWarning, match="algorithm.regularizers is now called algorithm.terms"):
+        old = job_from_dict({"algorithm": {"regularizers": terms}})
+    assert old == job_from_dict({"algorithm": {"terms": terms}}) and old.algorithm.terms == terms
+    path = tmp_path / "job.toml"
+    path.write_text('[algorithm]\nterms = { moon = {} }\n')
+    with pytest.warns(FutureWarning, match="algorithm.regularizers"):
+        overridden = load_job(path, ["algorithm.regularizers.prox.mu=0.5"])
+    assert overridden.algorithm.terms == {"moon": {}, "prox": {"mu": 0.5}}
+    with pytest.raises(ConfigError, match="both 'regularizers' and 'terms'.*keep algorithm.terms"):
+        job_from_dict({"algorithm": {"regularizers": ["prox"], "terms": ["moon"]}})
+
+
 def test_bad_choice_lists_valid_values():
     with pytest.raises(ConfigError, match="sgd"):
         job_from_dict({"train": {"optimizer": "lbfgs"}})

@@ -18,18 +18,19 @@ from pathlib import Path
 from typing import get_type_hints
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
 
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.checkpoint import checkpoint_root
 from hpcfl.config import CHOICES, JobConfig, apply_overrides, parse_override, read_job_file
-from hpcfl.jobs import job_from_dict, load_job
 from hpcfl.data.datasets import DATASETS
 from hpcfl.data.partition import SCHEMES
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict, load_job
 from hpcfl.launch import main
 from hpcfl.models import MODELS
-from hpcfl.regularizers import REGULARIZERS
+from hpcfl.runtime.checkpoint import checkpoint_root
+from hpcfl.terms import TERMS
 
 JOBS = Path(__file__).resolve().parent.parent / "jobs"
 QUICKSTART = JOBS / "quickstart.toml"
@@ -43,20 +44,20 @@ INT64 = 2 ** 63
 PROFILE = settings(deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 # Strings and names that reach past the type checks into the registries and the algorithms' rules.
-PLAUSIBLE = sorted({*ALGORITHMS, *REGULARIZERS, *MODELS, *DATASETS, *SCHEMES, *(v for c in CHOICES.values() for v in c),
+PLAUSIBLE = sorted({*ALGORITHMS, *TERMS, *MODELS, *DATASETS, *SCHEMES, *(v for c in CHOICES.values() for v in c),
                     "", ".", "..", "../x", "/abs", "a/b", "x\\y", " x", "x\x00y", "all", "classifier", "shared"})
 PARTITION_SETTINGS = sorted({name for scheme in SCHEMES.values()
                              for name, arg in inspect.signature(scheme).parameters.items()
                              if arg.kind is arg.KEYWORD_ONLY})
-SETTINGS = sorted({f.name for table in (*ALGORITHMS.values(), *REGULARIZERS.values()) for f in fields(table.Params)}
+SETTINGS = sorted({f.name for table in (*ALGORITHMS.values(), *TERMS.values()) for f in fields(table.Params)}
                   | set(PARTITION_SETTINGS))
 # Every key path a job can have, with its declared type: the schema, the partition settings (numbers),
-# the algorithms' and the regularizers' parameters.
+# the algorithms' and the terms' parameters.
 KINDS = {**{path: SCHEMA[path[0]][path[1]] for path in KEY_PATHS},
          **{("data", "partition_params", name): float for name in PARTITION_SETTINGS},
          **{("algorithm", "params", name): kind for algorithm in ALGORITHMS.values()
             for name, kind in get_type_hints(algorithm.Params).items()},
-         **{("algorithm", "regularizers", term, name): kind for term, cls in REGULARIZERS.items()
+         **{("algorithm", "terms", term, name): kind for term, cls in TERMS.items()
             for name, kind in get_type_hints(cls.Params).items()}}
 
 names = st.sampled_from(SETTINGS) | st.text(max_size=8)
@@ -72,7 +73,7 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.di
 TYPED = {int: ints, float: numbers, bool: st.booleans(), str: strings, list[float]: st.lists(numbers, max_size=3),
          list[str]: st.lists(st.sampled_from(sorted(MODELS)) | strings, max_size=3),
          dict: st.dictionaries(st.sampled_from(SETTINGS), ints | numbers, max_size=2)
-         | st.lists(st.sampled_from(sorted(REGULARIZERS)), max_size=2)}
+         | st.lists(st.sampled_from(sorted(TERMS)), max_size=2)}
 
 
 def toml(value) -> str:
@@ -271,7 +272,7 @@ def test_a_job_file_that_cannot_be_read_is_a_config_error(workdir):
 
 override_keys = st.one_of(st.sampled_from([".".join(p) for p in KEY_PATHS]), st.text(max_size=12),
                           st.tuples(st.sampled_from(["data.partition_params", "algorithm.params", "run.name",
-                                                     "algorithm.regularizers.prox"]), names).map(".".join))
+                                                     "algorithm.terms.prox"]), names).map(".".join))
 override_values = st.one_of(values.map(toml), st.text(max_size=12), st.sampled_from(PLAUSIBLE))
 overrides = st.lists(st.one_of(st.tuples(override_keys, override_values).map("=".join), st.text(max_size=12)),
                      min_size=1, max_size=3)

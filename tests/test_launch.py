@@ -1,14 +1,14 @@
 """The runner end to end through its command line, on real data (scikit-learn digits, Fashion-MNIST)."""
 import socket
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-
 from helpers import FAULT_LAUNCHER, assert_same_metrics, launch, run_metrics
+
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model, count_parameters
+
 
 def test_one_process_and_three_ranks_give_the_same_metrics(tiny_job, tmp_path):
     job = tiny_job(rounds=3)

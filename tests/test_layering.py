@@ -52,5 +52,5 @@ def test_config_imports_nothing_of_hpcfl_but_its_errors():
 
 
 def test_the_contract_and_local_training_do_not_import_each_other_or_the_registry():
-    assert not {m for m in imports(PACKAGE / "algorithms" / "base.py") if m in ("hpcfl.batched", "hpcfl.anchors")}
-    assert not {m for m in imports(PACKAGE / "batched.py") if m.startswith("hpcfl.algorithms")}
+    assert not {m for m in imports(PACKAGE / "algorithms" / "base.py") if m in ("hpcfl.training.batched", "hpcfl.algorithms.anchors")}
+    assert not {m for m in imports(PACKAGE / "training" / "batched.py") if m.startswith("hpcfl.algorithms")}

@@ -4,16 +4,16 @@ under MPI with the same metrics; a wrong path, kind or parameter is refused by k
 import tomllib
 
 import pytest
+from helpers import assert_same_metrics, run_metrics
 
 import hpcfl
-from helpers import assert_same_metrics, run_metrics
 from hpcfl.config import apply_overrides
 from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
 
 PLUGINS = {"data.dataset": "labfl.data:blobs", "model.name": "labfl.model:Mlp",
-           "algorithm.name": "labfl.algorithm:HalfStep", "algorithm.regularizers": "labfl.term:Centring"}
+           "algorithm.name": "labfl.algorithm:HalfStep", "algorithm.terms": "labfl.term:Centring"}
 
 
 JOB = """
@@ -39,7 +39,7 @@ momentum = 0.5
 [algorithm]
 name = "labfl.algorithm:HalfStep"
 params = {{ step = 0.5 }}
-regularizers = {{ "labfl.term:Centring" = {{ weight = 0.01 }} }}
+terms = {{ "labfl.term:Centring" = {{ weight = 0.01 }} }}
 """
 
 
@@ -67,8 +67,8 @@ def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
     ("algorithm.params.stepp", "1.0", "algorithm.params"),
     ("model.name", '"labfl.model:Mpl"', "model.name = 'labfl.model:Mpl'"),
     ("data.dataset", '"labfl.data.blobs"', "data.dataset = 'labfl.data.blobs' is unknown"),
-    ("algorithm.regularizers", '{ "labfl.term:Centering" = {} }', "algorithm.regularizers = 'labfl.term:Centering'"),
-    ("algorithm.regularizers", '{ "labfl.term:Centring" = { weight = "x" } }', "algorithm.regularizers.labfl.term"),
+    ("algorithm.terms", '{ "labfl.term:Centering" = {} }', "algorithm.terms = 'labfl.term:Centering'"),
+    ("algorithm.terms", '{ "labfl.term:Centring" = { weight = "x" } }', "algorithm.terms.labfl.term"),
 ])
 def test_a_bad_plugin_is_refused_before_training_naming_the_key(key, value, message, tmp_path, capsys):
     path = tmp_path / "job.toml"
@@ -144,10 +144,10 @@ class _PlusOne:
 def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job):
     import numpy as np
     import torch
+    from labfl.fedavg import ClientMemory
 
     from hpcfl import Client, Setup
     from hpcfl.jobs import load_job
-    from labfl.fedavg import ClientMemory
 
     model = torch.nn.Linear(1, 1, bias=False)
     setup = Setup.of(load_job(tiny_job()), model, np.ones((2, 2)))
@@ -185,7 +185,7 @@ def test_a_plugin_that_fails_as_it_loads_is_a_config_error_naming_the_key(tmp_pa
     monkeypatch.syspath_prepend(str(tmp_path))
     job = _job(tmp_path)
     job["algorithm"] = {"name": "brokenfl:Old"}
-    job["algorithm"].pop("regularizers", None)
+    job["algorithm"].pop("terms", None)
     with pytest.raises(hpcfl.ConfigError, match=r"algorithm.name = 'brokenfl:Old': importing module 'brokenfl' "
                                                 r"failed: TypeError: .*traits = Traits\(stateless=...\)"):
         hpcfl.run(job, log=lambda text: None)

@@ -3,7 +3,7 @@
 With a feature-matching term in the job (`fm_cg`, `fm_l2`; `fedfm` is FedAvg with `fm_cg`), every
 round from the term's start round opens with the anchor phase: the server sends the global model
 and the global anchors, each sampled client sends its per-class feature sums under that model
-(hpcfl.anchors), and the server updates the anchors. The algorithm's own phases then carry the
+(hpcfl.algorithms.anchors), and the server updates the anchors. The algorithm's own phases then carry the
 anchors instead of the model, which the clients already hold. `WithAnchors` does all of it around
 the algorithm it wraps, the way a strategy wraps a strategy (flower's dp_fixed_clipping): the
 wrapped algorithm never sees the anchor phase, and FedAvg, FedProx, FedNova, MOON, ... all get it by
@@ -12,13 +12,13 @@ cannot use them (no global model) is not wrapped: `wrap` asks its `traits.anchor
 """
 import dataclasses
 
+from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
 from hpcfl.algorithms.base import Algorithm, Phase
-from hpcfl.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
 
 
 def matching_term(algorithm: Algorithm):
     """The job's feature-matching term, if any (Algorithm.check allows one at most)."""
-    return next((t for t in algorithm.regularizers if t.needs_anchors), None)
+    return next((t for t in algorithm.terms if t.needs_anchors), None)
 
 
 def wrap(algorithm: Algorithm) -> Algorithm:

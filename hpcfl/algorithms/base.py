@@ -6,7 +6,7 @@ An algorithm is one class holding both halves of a federated method:
   their layouts, so that a rank hosting no sampled client can still take part in the reduction);
 - server hooks run on rank 0: `init_server_state`, `downlink`, `aggregate`, `global_state`, `evaluate`;
 - client hooks run on the worker hosting the client: `init_client_state`, `client_update`. Local
-  training goes through `train`, which adds the job's regularizers (hpcfl.regularizers) to the
+  training goes through `train`, which adds the job's terms (hpcfl.terms) to the
   algorithm's own local terms; per-client state (`Client.state`) stays on the client's worker and
   on the CPU between rounds.
 
@@ -20,7 +20,7 @@ feature-matching term in the job, the runtime wraps the algorithm (hpcfl.algorit
 
 What the runtime may assume of an algorithm is declared in one record, `traits` (Traits). An
 algorithm whose `client_update` is plain training from the downlinked model declares `batched`, and
-its workers may then train the sampled clients together (train.batched_clients, hpcfl.batched).
+its workers may then train the sampled clients together (train.batched_clients, hpcfl.training.batched).
 
 Uplinks are *contributions* `(tensors, weight)`: the runtime adds `weight * tensors` into one
 float64 buffer per payload, in a fixed client order, and the reduction sums workers' buffers. So
@@ -40,7 +40,7 @@ from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.payload import Layout
-from hpcfl.regularizers import REGULARIZERS, Regularizer, build_regularizers
+from hpcfl.terms import TERMS, Term, build_terms
 from hpcfl.training import evaluate
 
 Tensors = dict[str, torch.Tensor]
@@ -143,9 +143,9 @@ class Algorithm:
     def moves_clients(cls, job: JobConfig) -> bool:
         """Whether this job deals each round's sampled clients to any worker: run.placement is not
         'fixed', and the algorithm is stateless, its terms keep no state and BatchNorm is shared."""
-        terms = [*job.algorithm.regularizers, *([cls.term.name] if getattr(cls, "term", None) else [])]
+        terms = [*job.algorithm.terms, *([cls.term.name] if getattr(cls, "term", None) else [])]
         return (job.run.placement != "fixed" and cls.traits.stateless and job.model.batchnorm != "local"
-                and not any(REGULARIZERS[n].keeps_state for n in terms))
+                and not any(TERMS[n].keeps_state for n in terms))
 
     @dataclass(frozen=True)
     class Params:
@@ -153,7 +153,7 @@ class Algorithm:
 
     def __init__(self, params: "Algorithm.Params", setup: Setup):
         self.params, self.setup = params, setup
-        self.regularizers: list[Regularizer] = build_regularizers(setup.job.algorithm.regularizers, setup.job.run.seed)
+        self.terms: list[Term] = build_terms(setup.job.algorithm.terms, setup.job.run.seed)
 
     @classmethod
     def check(cls, job: JobConfig) -> None:
@@ -164,12 +164,12 @@ class Algorithm:
             raise ConfigError(f"algorithm '{cls.name}' shares whole models, so every client needs the same one: "
                               f"model.architectures = {list(job.architectures)} needs an algorithm for "
                               "heterogeneous clients (fedclassavg, fedproto, local_only, ensemble)")
-        matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
+        matching = [n for n in job.algorithm.terms if TERMS[n].needs_anchors]
         if len(matching) > 1:
-            raise ConfigError(f"algorithm.regularizers has {matching}: use one feature-matching term")
+            raise ConfigError(f"algorithm.terms has {matching}: use one feature-matching term")
         if job.run.placement == "per_round" and not cls.moves_clients(job):
             raise ConfigError(f"run.placement = 'per_round' deals each round's clients to any worker, but with "
-                              f"algorithm '{cls.name}' (its regularizers, model.batchnorm) clients keep state from "
+                              f"algorithm '{cls.name}' (its terms, model.batchnorm) clients keep state from "
                               "round to round on their worker: use run.placement = 'auto' or 'fixed'")
 
     def receive(self, phase: Phase, round: int, downlink: dict[str, Tensors]) -> None:
@@ -239,7 +239,7 @@ class Algorithm:
     # -- client side (the worker hosting the client) ---------------------------------------------
     def batch_start(self, phase: Phase, downlink: dict[str, Tensors]) -> Tensors | None:
         """The model state every sampled client starts this phase from, if they may train together
-        (hpcfl.batched, then handed to `client_update` through its trainer); None: one by one."""
+        (hpcfl.training.batched, then handed to `client_update` through its trainer); None: one by one."""
         return downlink["model"] if self.traits.batched else None
 
     def client_model(self, client: Client, model: nn.Module) -> nn.Module:
@@ -262,11 +262,11 @@ class Algorithm:
         load_state(model, {**state, **own})
 
     def train(self, model: nn.Module, client: Client, round: int, trainer, received: Mapping[str, Tensors],
-              extra: tuple[Regularizer, ...] = (), epochs: range | None = None) -> dict[str, float]:
-        """Local training with the configured regularizers (plus the algorithm's own `extra` terms);
+              extra: tuple[Term, ...] = (), epochs: range | None = None) -> dict[str, float]:
+        """Local training with the configured terms (plus the algorithm's own `extra` terms);
         `received` holds what the client got this round, received["model"] the model it started from;
         `epochs`: a part of the local epochs (FedCME trains a round in two)."""
-        terms = [*self.regularizers, *extra]
+        terms = [*self.terms, *extra]
         for term in terms:
             term.start(model, client, round, received)
         metrics = trainer.train(model, client, round, terms, epochs)

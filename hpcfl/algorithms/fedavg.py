@@ -21,8 +21,8 @@ in for a global model that does not exist yet. With every client in every round 
 setting) that is each client's first training. Subclasses with Params of their own (FedAvgM,
 SCAFFOLD, FedNova, FedDyn, FedFM-Lite) start from the shared model.
 
-The presets below are FedAvg with their term (hpcfl.regularizers) and its parameters in
-`[algorithm.params]` (plus `init`); naming the same term in `algorithm.regularizers` instead gives
+The presets below are FedAvg with their term (hpcfl.terms) and its parameters in
+`[algorithm.params]` (plus `init`); naming the same term in `algorithm.terms` instead gives
 the same run:
 - `fedprox` FedProx, Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020, eq. (2).
 - `moon`    MOON, Li, He & Song, "Model-Contrastive Federated Learning", CVPR 2021, eq. (3)-(4).
@@ -32,12 +32,12 @@ the same run:
             Federated Learning", NeurIPS 2022, eq. (4)-(5).
 - `fedfm`   FedFM, Ye et al., "FedFM: Anchor-based Feature Matching for Data Heterogeneity in
             Federated Learning", IEEE TSP 2023, Algorithm 1 with contrastive guiding (section IV-C):
-            each round from T_s on opens with the anchor phase (eq. 8-9, hpcfl.anchors), then clients
+            each round from T_s on opens with the anchor phase (eq. 8-9, hpcfl.algorithms.anchors), then clients
             train with CE + lambda * CG and the server averages the models (eq. 11). `fm_l2` as a
-            regularizer on `fedavg` gives the l2 variant (eq. 3, 10).
+            term on `fedavg` gives the l2 variant (eq. 3, 10).
 - `fedka`   FedKA, Chen, Zhu & Zheng, "Towards Fast and Stable Federated Learning: Confronting
             Heterogeneity via Knowledge Anchor", ACM MM 2023, Algorithm 1: FedAvg whose clients add the
-            knowledge-anchor term (eq. 3; `ka` in hpcfl.regularizers, which documents the choices the
+            knowledge-anchor term (eq. 3; `ka` in hpcfl.terms, which documents the choices the
             paper leaves open) against the round's global model, over the shared set S built once.
 """
 import copy
@@ -48,21 +48,20 @@ import torch
 from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, Traits, assign, weighted, weighted_mean
 from hpcfl.algorithms.initial import InitParams, independent_init, with_init
 from hpcfl.errors import ConfigError
-from hpcfl.regularizers import (ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox,
-                                 Regularizer, RestrictedSoftmax)
+from hpcfl.terms import ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox, RestrictedSoftmax, Term
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
     traits = Traits(batched=True, stateless=True)
-    term: ClassVar[type[Regularizer] | None] = None      # a preset's own local term, built from Params
+    term: ClassVar[type[Term] | None] = None      # a preset's own local term, built from Params
     Params = InitParams
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
         if self.term:
-            self.regularizers.insert(0, self.term(params))
-            self.regularizers[0].seed = setup.job.run.seed       # as build_regularizers seeds a named term
+            self.terms.insert(0, self.term(params))
+            self.terms[0].seed = setup.job.run.seed       # as build_terms seeds a named term
         self.phase = Phase("train", downlink={"model": setup.model_layout},
                            uplink={"model": weighted(setup.model_layout)})
         independent = isinstance(params, InitParams) and params.init == "independent"
@@ -72,9 +71,9 @@ class FedAvg(Algorithm):
     @classmethod
     def check(cls, job):
         super().check(job)
-        if cls.term and cls.term.name in job.algorithm.regularizers:
+        if cls.term and cls.term.name in job.algorithm.terms:
             raise ConfigError(f"algorithm '{cls.name}' already includes the '{cls.term.name}' term: set its "
-                              f"parameters in [algorithm.params] and drop it from algorithm.regularizers")
+                              f"parameters in [algorithm.params] and drop it from algorithm.terms")
 
     def plan(self, round):
         return [self.phase if round or self.first is None else self.first]

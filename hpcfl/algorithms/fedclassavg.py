@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted, weighted_mean
 from hpcfl.algorithms.personal import OWN, Personal
 from hpcfl.errors import ConfigError
-from hpcfl.regularizers import Prox, SupCon
 from hpcfl.seeding import torch_seed
+from hpcfl.terms import Prox, SupCon
 
 SHARED = "shared"
 
@@ -71,7 +71,7 @@ class FedClassAvg(Personal):
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
-        self.regularizers[:0] = [SupCon(SupCon.Params(params.supcon_weight, params.temperature, params.base_temperature, params.normalize)),
+        self.terms[:0] = [SupCon(SupCon.Params(params.supcon_weight, params.temperature, params.base_temperature, params.normalize)),
                                  Prox(Prox.Params(params.rho, scope="classifier", reduction="mean"))]
         self.shared = setup.model_layout.select(lambda n: params.share == "all" or n.startswith("classifier."))
         self.phase = Phase("train", downlink={SHARED: self.shared},
@@ -83,9 +83,9 @@ class FedClassAvg(Personal):
         if dict(job.algorithm.params).get("share") == "all" and len(job.architectures) > 1:
             raise ConfigError("algorithm.params.share = 'all' averages whole models, so every client needs the "
                               f"same architecture; model.architectures = {list(job.architectures)}")
-        if job.algorithm.regularizers.keys() & {"supcon", "prox"}:
+        if job.algorithm.terms.keys() & {"supcon", "prox"}:
             raise ConfigError("fedclassavg already has its supcon and classifier prox terms: set them in "
-                              "[algorithm.params] (rho, temperature, ...) and drop them from algorithm.regularizers")
+                              "[algorithm.params] (rho, temperature, ...) and drop them from algorithm.terms")
 
     def plan(self, round):
         return [self.phase]

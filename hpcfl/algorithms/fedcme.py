@@ -15,7 +15,7 @@ worker, point to point across ranks). `second`: clients finish the E epochs and 
   class has one). Local features (eq. 5) are accumulated over all E epochs of training (Algorithm 2
   lines 11-12, 18); the global features average them over the cohort, a client's missing classes
   filled with the current global feature (the memory mechanism, eq. 6), through the anchor
-  collective (hpcfl.anchors.uniform_contribution). They take the place of FedFM's anchors, so `check`
+  collective (hpcfl.algorithms.anchors.uniform_contribution). They take the place of FedFM's anchors, so `check`
   refuses any feature-matching term (built-in or plug-in: whatever `needs_anchors`).
 - Evaluation vector (eq. 4): per-class accuracy of the trained local model on a random 20 % of its
   data (drawn per seed, round and client; classes absent there count 0). A client never evaluated
@@ -33,14 +33,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hpcfl.algorithms.anchors import anchor_layouts, initial_anchors, uniform_contribution, update_anchors
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted
 from hpcfl.algorithms.fedavg import FedAvg
-from hpcfl.anchors import anchor_layouts, initial_anchors, uniform_contribution, update_anchors
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.payload import Layout
-from hpcfl.regularizers import REGULARIZERS, Regularizer
 from hpcfl.seeding import cohort_schedule, numpy_rng
+from hpcfl.terms import TERMS, Term
 
 FEATURES, PARTNERS, EVALUATION = "features", "partners", "evaluation"
 OWN = "cme."              # a client's mid-round model and first-half loss, in its state during the round
@@ -74,7 +74,7 @@ def many_to_one(vectors: np.ndarray, cohort: list[int]) -> dict[int, int]:
     return {cohort[k]: cohort[int(np.argmin(similarity[k]))] for k in range(len(cohort))} if len(cohort) > 1 else {}
 
 
-class FeatureAlignment(Regularizer):
+class FeatureAlignment(Term):
     """mu * sum_c ||mean of the batch's class-c features - global feature c||^2 (eq. 9), and the running
     per-class feature sums of training (eq. 5), kept in the client's state across the swap."""
     name = "fa"
@@ -121,10 +121,10 @@ class FedCME(FedAvg):
     @classmethod
     def check(cls, job):
         super().check(job)
-        matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
+        matching = [n for n in job.algorithm.terms if TERMS[n].needs_anchors]
         if matching:
             raise ConfigError(f"fedcme sends its own global features, not FedFM's anchors: drop {matching} from "
-                              "algorithm.regularizers")
+                              "algorithm.terms")
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

@@ -1,7 +1,7 @@
 """FedDyn — Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021, Algorithm 1.
 
 Client k minimises L_k(w) - <g_k, w> + alpha/2 ||w - w^{t-1}||^2 (the linear term and the proximal
-term are local terms like any regularizer), then updates its state g_k <- g_k - alpha (w_k - w^{t-1})
+term are local terms like any other), then updates its state g_k <- g_k - alpha (w_k - w^{t-1})
 (g_k, the gradient of its loss at its last local optimum, starts at zero). The server keeps
 h <- h - (alpha / m) sum_{k in cohort} (w_k - w^{t-1}) with m the number of all clients, and sets
 w^t = (1/|cohort|) sum_k w_k - h / alpha. Averaging is uniform over the cohort, as in the paper;
@@ -13,7 +13,7 @@ import torch
 
 from hpcfl.algorithms.base import ONE, WEIGHT
 from hpcfl.algorithms.fedavg import FedAvg
-from hpcfl.regularizers import Linear, Prox
+from hpcfl.terms import Linear, Prox
 
 
 class FedDyn(FedAvg):

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
+from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
-from hpcfl.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
-from hpcfl.params import params_from
 from hpcfl.errors import ConfigError
-from hpcfl.regularizers import ContrastiveGuiding
+from hpcfl.params import params_from
+from hpcfl.terms import ContrastiveGuiding
 
 LOCAL, BASE = "lite.model.", "lite.base"      # a client's own model and the global round it grew from
 

@@ -1,7 +1,7 @@
 """FedMA — Wang, Yurochkin, Sun, Papailiopoulos & Khazaeni, "Federated Learning with Matched
 Averaging", ICLR 2020: Algorithm 1 (layer-wise matching, freezing and retraining), section 2.3 (FedMA
-with communication), eq. (2)-(3) solved by BBP-MAP (hpcfl.bbp_map), eq. (5) for conv channels and
-eq. (6) for LSTM hidden units (hpcfl.models.neurons).
+with communication), eq. (2)-(3) solved by BBP-MAP (hpcfl.algorithms.bbp_map), eq. (5) for conv channels and
+eq. (6) for LSTM hidden units (hpcfl.algorithms.neurons).
 
 A round of an N-layer network has N + 1 phases:
 - `train`: each client rebuilds its model at its own size from the global model with its last
@@ -43,11 +43,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from hpcfl.algorithms.base import MATCHED, Algorithm, Phase
+from hpcfl.algorithms.bbp_map import Prior, match_neurons
 from hpcfl.algorithms.initial import InitParams, independent_init
-from hpcfl.bbp_map import Prior, match_neurons
+from hpcfl.algorithms.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, recurrent, resize_,
+                                      signature, width, with_signature)
 from hpcfl.errors import ConfigError
-from hpcfl.models.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, recurrent, resize_,
-                                  signature, width, with_signature)
 from hpcfl.payload import Layout
 from hpcfl.seeding import numpy_rng
 
@@ -77,8 +77,8 @@ class FedMA(Algorithm):
         if job.train.clients_per_round != job.data.num_clients:
             raise ConfigError(f"fedma matches every client every round (an assignment refers to the last global "
                               f"model): set train.clients_per_round = data.num_clients = {job.data.num_clients}")
-        if job.algorithm.regularizers:
-            raise ConfigError("fedma clients train on cross-entropy alone: drop algorithm.regularizers")
+        if job.algorithm.terms:
+            raise ConfigError("fedma clients train on cross-entropy alone: drop algorithm.terms")
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

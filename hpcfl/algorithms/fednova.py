@@ -7,7 +7,7 @@ x <- x - tau_eff * sum_i p_i d_i with tau_eff = sum_i p_i a_i. For plain SGD a_i
 momentum rho and a proximal term mu, a_i follows the authors' optimiser (JYWa/FedNova): per step
 counter <- rho * counter + 1, a <- a + counter (rho > 0), then a <- (1 - lr mu) a + 1 (mu > 0),
 a <- a + 1 when both are 0. As there, weight decay is part of the gradient (it does not enter a_i),
-and mu is the proximal pull: here the `prox` regularizer's, which must pull every parameter by
+and mu is the proximal pull: here the `prox` term's, which must pull every parameter by
 the same mu (scope "model", reduction "sum"). Our prox goes through the momentum buffer, the
 authors' is added after it, so with both momentum and mu a_i is approximate. SCAFFOLD normalises
 its control variates by the same a_i (`normalising_steps`, `prox_lr_mu`).
@@ -15,10 +15,10 @@ Buffers (BatchNorm statistics) take the sample-weighted mean.
 """
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
-from hpcfl.params import params_from
 from hpcfl.errors import ConfigError
+from hpcfl.params import params_from
 from hpcfl.payload import Layout
-from hpcfl.regularizers import Prox
+from hpcfl.terms import Prox
 
 STEPS = "#steps"          # a_i, summed with weight p_i: tau_eff
 
@@ -37,18 +37,18 @@ def normalising_steps(steps: int, momentum: float, lr_mu: float) -> float:
     return total
 
 
-def prox_lr_mu(lr: float, regularizers) -> float:
+def prox_lr_mu(lr: float, terms) -> float:
     """lr * mu of the `prox` terms among the client's local terms: the pull a_i counts."""
-    return lr * sum(term.params.mu for term in regularizers if isinstance(term, Prox))
+    return lr * sum(term.params.mu for term in terms if isinstance(term, Prox))
 
 
 def check_prox(name: str, job) -> None:
     """a_i counts one mu for every parameter: refuse a `prox` that pulls only some, or per tensor."""
-    if "prox" in job.algorithm.regularizers:
-        prox = params_from(Prox.Params, job.algorithm.regularizers["prox"], "algorithm.regularizers.prox")
+    if "prox" in job.algorithm.terms:
+        prox = params_from(Prox.Params, job.algorithm.terms["prox"], "algorithm.terms.prox")
         if (prox.scope, prox.reduction) != ("model", "sum"):
             raise ConfigError(f"algorithm '{name}' counts the prox pull in its step count a_i, which needs the "
-                              "same mu on every parameter: set algorithm.regularizers.prox scope = \"model\" "
+                              "same mu on every parameter: set algorithm.terms.prox scope = \"model\" "
                               "and reduction = \"sum\"")
 
 
@@ -65,7 +65,7 @@ class FedNova(FedAvg):
         super().__init__(params, setup)
         self.phase = Phase("train", downlink={"model": setup.model_layout},
                            uplink={"model": weighted(setup.model_layout) + Layout((STEPS,), ((),))})
-        self.lr_mu = prox_lr_mu(setup.job.train.lr, self.regularizers)
+        self.lr_mu = prox_lr_mu(setup.job.train.lr, self.terms)
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         start = downlink["model"]

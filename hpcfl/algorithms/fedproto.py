@@ -7,7 +7,7 @@ Each round a sampled client trains on CE + lambda * mean squared distance betwee
 features and its class's global prototype (eq. 8; classes without a global prototype yet add
 nothing, as in the authors' code), then sends the per-class feature sums and counts of its trained
 model. The server's prototype of class j is the count-weighted mean over the clients holding j
-(eq. 6), which is the anchor-aggregation collective of FedFM (hpcfl.anchors): one sum-reduction,
+(eq. 6), which is the anchor-aggregation collective of FedFM (hpcfl.algorithms.anchors): one sum-reduction,
 and a class nobody sent keeps its prototype. Accuracy is the client's own model (feature extractor +
 classifier) on its local test set; the authors also report nearest-prototype inference, not done here.
 """
@@ -15,13 +15,14 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
+from hpcfl.algorithms.anchors import (ANCHORS, anchor_layouts, anchor_state, initial_anchors, local_anchors,
+                                      update_anchors)
 from hpcfl.algorithms.base import Phase
 from hpcfl.algorithms.personal import Personal
-from hpcfl.anchors import ANCHORS, anchor_layouts, anchor_state, initial_anchors, local_anchors, update_anchors
-from hpcfl.regularizers import Regularizer
+from hpcfl.terms import Term
 
 
-class PrototypeDistance(Regularizer):
+class PrototypeDistance(Term):
     """lambda * MSE(features, global prototype of the label), over samples whose class has one."""
     name = "proto"
 
@@ -45,7 +46,7 @@ class FedProto(Personal):
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
-        self.regularizers.insert(0, PrototypeDistance(params))
+        self.terms.insert(0, PrototypeDistance(params))
         down, up = anchor_layouts(setup.num_classes, setup.feature_dim)
         self.phase = Phase("train", downlink={ANCHORS: down}, uplink={ANCHORS: up})
 

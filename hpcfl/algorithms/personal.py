@@ -10,7 +10,7 @@ data.validation_fraction.
 from hpcfl.algorithms.base import Algorithm, Tensors, Traits
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
-from hpcfl.regularizers import REGULARIZERS
+from hpcfl.terms import TERMS
 
 OWN = "model."
 
@@ -25,10 +25,10 @@ class Personal(Algorithm):
     @classmethod
     def check(cls, job):
         super().check(job)
-        matching = [n for n in job.algorithm.regularizers if REGULARIZERS[n].needs_anchors]
+        matching = [n for n in job.algorithm.terms if TERMS[n].needs_anchors]
         if matching:
             raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
-                              f"drop {matching} from algorithm.regularizers")
+                              f"drop {matching} from algorithm.terms")
         if not cls.traits.client_test and job.data.local_test_ratio <= 0 and job.data.validation_fraction <= 0:
             raise ConfigError(f"algorithm '{cls.name}' has no global model: its accuracy is personalised, on each "
                               "client's own held-out data; set data.local_test_ratio (e.g. 0.3) or "

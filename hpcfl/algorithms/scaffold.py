@@ -30,7 +30,7 @@ import torch
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.algorithms.fednova import check_prox, normalising_steps, prox_lr_mu
-from hpcfl.regularizers import Linear
+from hpcfl.terms import Linear
 
 
 class Scaffold(FedAvg):
@@ -53,7 +53,7 @@ class Scaffold(FedAvg):
         self.phase = Phase("train", downlink={"model": setup.model_layout, "control": control},
                            uplink={"model": weighted(setup.model_layout), "control": control})
         self.correction = Linear()
-        self.lr_mu = prox_lr_mu(setup.job.train.lr, self.regularizers)
+        self.lr_mu = prox_lr_mu(setup.job.train.lr, self.terms)
 
     def init_server_state(self, model):
         return self.with_zeros(super().init_server_state(model), "control")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcfl.config import NON_RESULT_KEYS
+from hpcfl.config import NON_RESULT_KEYS, current_names
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
@@ -62,7 +62,7 @@ def load(paths, metrics=("round/test_acc",), prefixes=()) -> Results:
             problems.append(str(err))
             continue
         rows.append({"path": str(path), "status": run.attrs.get("status", "running"), "rounds": run.rounds,
-                     **flatten(run.attrs.get("config", {}))})
+                     **flatten(current_names(run.attrs.get("config", {}), warn=False))})
         series[str(path)] = {name: np.atleast_1d(np.asarray(value, dtype=float)) for name, value in run.arrays.items()
                              if name in metrics or (prefixes and name.startswith(prefixes))}
     return Results(pd.DataFrame(rows), series, problems)

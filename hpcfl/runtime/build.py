@@ -16,9 +16,7 @@ import torch
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.anchored import wrap
 from hpcfl.algorithms.base import Client, Setup
-from hpcfl.batched import BatchedTrainer
 from hpcfl.config import JobConfig
-from hpcfl.params import model_params
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, partition
@@ -26,7 +24,7 @@ from hpcfl.data.splits import local_test_sets, shared_set, training_subset, vali
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, model_options
-from hpcfl.regularizers import adapt_model
+from hpcfl.params import model_params
 from hpcfl.runtime.memory import peak_bytes
 from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, pick_device, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
@@ -34,7 +32,9 @@ from hpcfl.runtime.resume import RunCompleted, restore, resume_point
 from hpcfl.runtime.server import Server
 from hpcfl.runtime.worker import Worker
 from hpcfl.seeding import cohort_schedule, torch_seed
+from hpcfl.terms import adapt_model
 from hpcfl.training import LocalTrainer
+from hpcfl.training.batched import BatchedTrainer
 from hpcfl.transport import Transport
 
 
@@ -133,12 +133,12 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
     setup_ = Setup.of(config, model, counts, test_size=int(data.test_y.shape[0]))
     algorithm = wrap(ALGORITHMS[config.algorithm.name](algorithm_params(config.algorithm.name, config.algorithm.params),
                                                        setup_))
-    two_views = [t.name for t in algorithm.regularizers if t.views == 2]
+    two_views = [t.name for t in algorithm.terms if t.views == 2]
     if two_views and data.mean is None:
         raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no images; "
                           "drop the term or pick an image data set")
     shared = (shared_set(labels, data.num_classes, config.data_seed)
-              if any(t.needs_shared for t in algorithm.regularizers) else None)
+              if any(t.needs_shared for t in algorithm.terms) else None)
     moving = algorithm.moves_clients(config)
     worker = server = recorder = None
     if transport.rank in workers:
@@ -205,7 +205,7 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
     models = {}
     preset = getattr(ALGORITHMS[config.algorithm.name], "term", None)
     own = {f.name for f in fields(preset.Params)} if preset else set()       # the term's keys (not init, model_every)
-    terms = {**config.algorithm.regularizers,
+    terms = {**config.algorithm.terms,
              **({preset.name: {k: v for k, v in config.algorithm.params.items() if k in own}} if preset else {})}
     options = model_params(config.model.params, {name: model_options(name) for name in config.architectures})
     for name in config.architectures:

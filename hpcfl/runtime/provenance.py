@@ -35,4 +35,4 @@ def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
             "study": config.run.study, "run": config.run_name, "status": "running",
             "plugins": plugins({"data.dataset": [config.data.dataset], "model.name": list(config.architectures),
                                 "algorithm.name": [config.algorithm.name],
-                                "algorithm.regularizers": list(config.algorithm.regularizers)})}
+                                "algorithm.terms": list(config.algorithm.terms)})}

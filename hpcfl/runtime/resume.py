@@ -1,4 +1,4 @@
-"""Checkpoints in the round loop, and resuming from them (hpcfl.checkpoint has the files).
+"""Checkpoints in the round loop, and resuming from them (hpcfl.runtime.checkpoint has the files).
 
 - `resume_point` (rank 0, first thing in set-up): a complete result file means there is nothing to
   do; an unfinished one of the same configuration resumes from its newest intact checkpoint;
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcfl.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clients, save
-from hpcfl.config import JobConfig, NON_RESULT_KEYS
+from hpcfl.config import NON_RESULT_KEYS, JobConfig, current_names
 from hpcfl.errors import HpcflError, ResultsError
 from hpcfl.metrics import read_run
+from hpcfl.runtime.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clients, save
 from hpcfl.runtime.lock import claim
 
 
@@ -47,7 +47,7 @@ def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
         existing = read_run(path).attrs
     except (OSError, KeyError, ValueError) as err:
         raise ResultsError(f"result file {path} exists but cannot be read ({err}); move it away to start again") from None
-    if _resumable(existing.get("config", {})) != _resumable(json.loads(config.to_json())):
+    if _resumable(current_names(existing.get("config", {}), warn=False)) != _resumable(json.loads(config.to_json())):
         raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
                            "run.name, or delete or move the old file")
     if existing.get("status") == "completed":

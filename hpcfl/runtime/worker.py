@@ -7,7 +7,7 @@ per payload, in increasing client id order, so the reduction over ranks sees one
 A client whose loss or contribution is NaN/Inf is left out of the sums and flagged in its metric row
 (`nonfinite`); with train.on_nonfinite = 'drop' it also gets back the state it had before the round.
 With train.batched_clients, an algorithm that allows it has the sampled clients trained together
-first (hpcfl.batched); each client's update then goes through the same per-client steps.
+first (hpcfl.training.batched); each client's update then goes through the same per-client steps.
 """
 import math
 import time

@@ -5,16 +5,16 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from algorithms.helpers import Scalar, StepTrainer, client, make, sums
 from torch import nn
 
-from algorithms.helpers import Scalar, StepTrainer, client, make, sums
 from hpcfl.algorithms.anchored import wrap
+from hpcfl.algorithms.anchors import ANCHORS, anchor_state
 from hpcfl.algorithms.base import ONE, WEIGHT, Client
 from hpcfl.algorithms.fednova import STEPS, normalising_steps
-from hpcfl.anchors import ANCHORS, anchor_state
-from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError
-from hpcfl.regularizers import Linear, Prox
+from hpcfl.jobs import job_from_dict
+from hpcfl.terms import Linear, Prox
 
 
 def _w(value):
@@ -118,7 +118,7 @@ def test_fednova_client_sends_its_normalised_update():
 
 def test_fednova_prox_mu_enters_the_normalisation():
     algo = make("fednova", Scalar(), train={"lr": 0.1, "clients_per_round": 1},
-                algorithm={"name": "fednova", "regularizers": {"prox": {"mu": 1.0}}})
+                algorithm={"name": "fednova", "terms": {"prox": {"mu": 1.0}}})
     assert algo.lr_mu == pytest.approx(0.1)
 
 
@@ -135,11 +135,11 @@ def test_step_counting_algorithms_refuse_adam(algorithm, allowed):
 @pytest.mark.parametrize("algorithm", ["fednova", "scaffold"])
 @pytest.mark.parametrize("prox", [{"scope": "classifier"}, {"reduction": "mean"}])
 def test_a_step_count_with_prox_needs_one_mu_on_every_parameter(algorithm, prox):
-    raw = {"algorithm": {"name": algorithm, "regularizers": {"prox": prox}}, "data": {"num_clients": 2},
+    raw = {"algorithm": {"name": algorithm, "terms": {"prox": prox}}, "data": {"num_clients": 2},
            "train": {"clients_per_round": 2}}
-    with pytest.raises(ConfigError, match='algorithm.regularizers.prox scope = "model" and reduction = "sum"'):
+    with pytest.raises(ConfigError, match='algorithm.terms.prox scope = "model" and reduction = "sum"'):
         job_from_dict(raw)
-    job_from_dict({**raw, "algorithm": {"name": algorithm, "regularizers": {"prox": {"mu": 0.1}}}})
+    job_from_dict({**raw, "algorithm": {"name": algorithm, "terms": {"prox": {"mu": 0.1}}}})
 
 
 def test_fednova_server_rescales_by_the_effective_steps():
@@ -232,14 +232,14 @@ def test_fedfm_lite_sends_the_model_every_round_by_default_with_any_participatio
     assert all("model" in algo.plan(r)[0].downlink and "model" in algo.plan(r)[0].uplink for r in range(3))
 
 
-@pytest.mark.parametrize("params, regularizers, message", [
+@pytest.mark.parametrize("params, terms, message", [
     ({"model_every": 0}, {}, "model_every = 0 must be >= 1"),
     ({"anchor_weighting": "mean"}, {}, "anchor_weighting"),                 # the term's own rules
     ({}, {"fm_cg": {}}, "already includes the 'fm_cg' term"),               # FedAvg's rules
 ])
-def test_fedfm_lite_parameter_rules(params, regularizers, message):
+def test_fedfm_lite_parameter_rules(params, terms, message):
     with pytest.raises(ConfigError, match=message):
-        job_from_dict({"algorithm": {"name": "fedfm_lite", "params": params, "regularizers": regularizers}})
+        job_from_dict({"algorithm": {"name": "fedfm_lite", "params": params, "terms": terms}})
 
 
 def test_fedfm_lite_with_models_every_a_rounds_needs_every_client_every_round():
@@ -361,5 +361,5 @@ def test_ensemble_needs_every_client_every_round():
         job_from_dict({"algorithm": {"name": "ensemble"}, "data": {"num_clients": 4, "local_test_ratio": 0.3},
                        "train": {"clients_per_round": 3}})
     with pytest.raises(ConfigError, match="no global model to compute FedFM's anchors"):    # Personal's rules too
-        job_from_dict({"algorithm": {"name": "ensemble", "regularizers": ["fm_cg"]}, "data": {"num_clients": 4},
+        job_from_dict({"algorithm": {"name": "ensemble", "terms": ["fm_cg"]}, "data": {"num_clients": 4},
                        "train": {"clients_per_round": 4}})

@@ -3,13 +3,13 @@ each client's own initialisation, FedMA Appendix A) on its presets, and the defa
 import numpy as np
 import pytest
 import torch
+from algorithms.helpers import StepTrainer, client, make, sums
 from torch import nn
 
-from algorithms.helpers import StepTrainer, client, make, sums
 from hpcfl.algorithms.base import ONE, WEIGHT
 from hpcfl.algorithms.initial import independent_init
-from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.models import load_state
@@ -109,17 +109,17 @@ def test_independent_init_starts_round_0_from_the_clients_own_model_and_later_ro
     algo = make("fedprox", net, {"mu": 0.3, "init": "independent"}, run={"seed": 5})
     first, later = algo.plan(0)[0], algo.plan(1)[0]
     assert "model" not in first.downlink and first.uplink == later.uplink and "model" in later.downlink
-    assert algo.regularizers[0].params.mu == 0.3
+    assert algo.terms[0].params.mu == 0.3
     own = {cid: independent_init(net, 5, cid) for cid in (0, 1)}
     update, _ = algo.client_update(first, 0, client(0), {}, net, StepTrainer(shift=1.0))
     tensors = update["model"][0]
-    reference = algo.regularizers[0].reference
+    reference = algo.terms[0].reference
     assert all(torch.equal(reference[k], own[0][k]) for k in reference)
     assert all(torch.equal(tensors[k], own[0][k] + 1.0) for k in own[0])
     global_model = {k: torch.full_like(v, 0.5) for k, v in own[0].items()}
     update, _ = algo.client_update(later, 1, client(1), {"model": global_model}, net, StepTrainer(shift=1.0))
     tensors = update["model"][0]
-    assert all(torch.equal(algo.regularizers[0].reference[k], global_model[k]) for k in reference)
+    assert all(torch.equal(algo.terms[0].reference[k], global_model[k]) for k in reference)
     assert all(torch.equal(tensors[k], torch.full_like(own[1][k], 1.5)) for k in own[1])
 
 
@@ -174,8 +174,8 @@ def test_a_presets_own_term_comes_first_and_is_seeded_by_the_run():
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
     from hpcfl.algorithms.base import Setup
 
-    job = job_from_dict({"run": {"seed": 7}, "algorithm": {"name": "fedrs", "regularizers": ["prox"]}})
+    job = job_from_dict({"run": {"seed": 7}, "algorithm": {"name": "fedrs", "terms": ["prox"]}})
     fedrs = ALGORITHMS["fedrs"](algorithm_params("fedrs", {}),
                                 Setup.of(job, nn.Linear(2, 2), np.ones((20, 2), dtype=np.int64)))
-    assert [t.name for t in fedrs.regularizers] == ["fedrs", "prox"]
-    assert [t.seed for t in fedrs.regularizers] == [7, 7]
+    assert [t.name for t in fedrs.terms] == ["fedrs", "prox"]
+    assert [t.seed for t in fedrs.terms] == [7, 7]

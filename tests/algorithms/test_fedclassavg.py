@@ -7,21 +7,21 @@ import math
 import numpy as np
 import pytest
 import torch
+from algorithms.helpers import StepTrainer, client, make, sums
 from torch import nn
 
-from algorithms.helpers import StepTrainer, client, make, sums
+from hpcfl.algorithms.anchors import ANCHORS, anchor_state
 from hpcfl.algorithms.base import WEIGHT, Client
-from hpcfl.anchors import ANCHORS, anchor_state
-from hpcfl.jobs import job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model
 from hpcfl.models.common import HeadOptions
-from hpcfl.regularizers import Prox, SupCon
 from hpcfl.seeding import torch_seed
+from hpcfl.terms import Prox, SupCon
 from hpcfl.training import LocalTrainer
 
 
@@ -151,7 +151,7 @@ def test_fedproto_trains_towards_the_global_prototypes_and_sends_class_sums():
              "counts": torch.tensor([0.0, 1.0], dtype=torch.float64)}
     algo.aggregate(phase, 0, server, {ANCHORS: sums(phase.uplink[ANCHORS], up[ANCHORS], (other, 1.0))})
     assert torch.allclose(server["anchors.anchors"], torch.tensor([[1.0, 1.0], [1.0, 2.0]]))
-    term = algo.regularizers[0]
+    term = algo.terms[0]
     term.start(None, me, 1, {ANCHORS: anchor_state(server)})
     features = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
     # class 0: (1, 0) off its prototype, class 1: on it -> MSE = 1 / 4, times lambda = 2
@@ -284,9 +284,9 @@ def test_fedclassavg_defaults_and_rules_name_their_keys():
     with pytest.raises(ConfigError, match="share = 'some'"):
         algorithm_params("fedclassavg", {"share": "some"})
     with pytest.raises(ConfigError, match="already has its supcon"):
-        job_from_dict({"algorithm": {"name": "fedclassavg", "regularizers": ["prox"]}, **PERSONAL})
+        job_from_dict({"algorithm": {"name": "fedclassavg", "terms": ["prox"]}, **PERSONAL})
     with pytest.raises(ConfigError, match="one feature-matching term"):          # the base rules still run
-        job_from_dict({"algorithm": {"name": "fedclassavg", "regularizers": ["fm_cg", "fm_l2"]}, **PERSONAL})
+        job_from_dict({"algorithm": {"name": "fedclassavg", "terms": ["fm_cg", "fm_l2"]}, **PERSONAL})
     with pytest.raises(ConfigError, match="share = 'all' averages whole models"):
         job_from_dict({"algorithm": {"name": "fedclassavg", "params": {"share": "all"}},
                        "model": {"architectures": ["fmnist_cnn", "fmnist_cnn_narrow"]}, **PERSONAL})
@@ -294,21 +294,21 @@ def test_fedclassavg_defaults_and_rules_name_their_keys():
         params.rho = 1.0
     from hpcfl.algorithms.base import Setup
 
-    job = job_from_dict({"algorithm": {"name": "fedclassavg", "regularizers": ["fedrs"]}, **PERSONAL})
+    job = job_from_dict({"algorithm": {"name": "fedclassavg", "terms": ["fedrs"]}, **PERSONAL})
     net = build_model("fmnist_cnn", (1, 8, 8), 10)
     algorithm = ALGORITHMS["fedclassavg"](params, Setup.of(job, net, np.ones((20, 10), dtype=np.int64)))
-    assert [t.name for t in algorithm.regularizers] == ["supcon", "prox", "fedrs"]     # its own terms, then the job's
+    assert [t.name for t in algorithm.terms] == ["supcon", "prox", "fedrs"]     # its own terms, then the job's
     ablation = ALGORITHMS["fedclassavg"](algorithm_params("fedclassavg", {"supcon_weight": 0.0}),
                                          Setup.of(job, net, np.ones((20, 10), dtype=np.int64)))
-    assert ablation.regularizers[0].params.weight == 0.0 and algorithm.regularizers[0].params.weight == 1.0
+    assert ablation.terms[0].params.weight == 0.0 and algorithm.terms[0].params.weight == 1.0
 
 
 def test_fedproto_skips_classes_without_a_prototype_keeps_each_clients_model_and_checks_its_params():
-    algo = make("fedproto", Tiny(), {}, algorithm={"name": "fedproto", "regularizers": ["prox"]})
-    assert algo.params.weight == 1.0 and [t.name for t in algo.regularizers] == ["proto", "prox"]
+    algo = make("fedproto", Tiny(), {}, algorithm={"name": "fedproto", "terms": ["prox"]})
+    assert algo.params.weight == 1.0 and [t.name for t in algo.terms] == ["proto", "prox"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         algo.params.weight = 2.0
-    term = algo.regularizers[0]
+    term = algo.terms[0]
     known = {"anchors": torch.tensor([[1.0, 1.0], [0.0, 0.0]]), "known": torch.tensor([1.0, 0.0])}
     term.start(None, client(0), 0, {ANCHORS: known})
     features = torch.tensor([[1.0, 3.0], [5.0, 5.0]])
@@ -336,8 +336,8 @@ def test_personalised_accuracy_needs_held_out_data_of_the_clients(data, ok):
     job_from_dict({**job, "algorithm": {"name": "ensemble"}, "train": {"clients_per_round": 4}})   # tests globally
 
 
-@pytest.mark.parametrize("term", ["fm_l2", "hpcfl.regularizers.matching:ContrastiveGuiding"])
+@pytest.mark.parametrize("term", ["fm_l2", "hpcfl.terms.matching:ContrastiveGuiding"])
 def test_personalised_algorithms_refuse_feature_matching_by_name_or_import_path(term):
     with pytest.raises(ConfigError, match=r"no global model to compute FedFM's anchors with: drop \["):
-        job_from_dict({"algorithm": {"name": "local_only", "regularizers": [term]},
+        job_from_dict({"algorithm": {"name": "local_only", "terms": [term]},
                        "data": {"num_clients": 4, "local_test_ratio": 0.3}, "train": {"clients_per_round": 2}})

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from algorithms.helpers import client, make, sums
 from torch import nn
 
-from algorithms.helpers import client, make, sums
 from hpcfl.algorithms.base import Client
-from hpcfl.algorithms.fedcme import EVALUATION, FEATURES, OWN, PARTNERS, FedCME, FeatureAlignment, make_matching, \
-    many_to_one
-from hpcfl.jobs import job_from_dict
+from hpcfl.algorithms.fedcme import (EVALUATION, FEATURES, OWN, PARTNERS, FeatureAlignment, FedCME, make_matching,
+                                     many_to_one)
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.runtime.worker import Worker
 from hpcfl.seeding import cohort_schedule
 from hpcfl.training import LocalTrainer
@@ -430,8 +430,8 @@ def test_a_round_of_sgd_is_equations_8_to_10_with_the_classifier_swapped_halfway
 
 
 # -- configuration ------------------------------------------------------------------------------------
-def _job(params=None, regularizers=(), **run):
-    return job_from_dict({"algorithm": {"name": "fedcme", "params": params or {}, "regularizers": list(regularizers)},
+def _job(params=None, terms=(), **run):
+    return job_from_dict({"algorithm": {"name": "fedcme", "params": params or {}, "terms": list(terms)},
                           "data": {"num_clients": 4, "local_test_ratio": 0.3}, "train": {"clients_per_round": 2},
                           "run": run})
 
@@ -442,20 +442,20 @@ def test_params_default_to_the_paper_and_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.mu = 0.1
     job = _job({"mu": 0.0, "exchange": "none", "matching": "many_to_one", "eval_fraction": 1.0}, ["prox"])
-    assert job.algorithm.params["eval_fraction"] == 1.0 and "prox" in job.algorithm.regularizers
+    assert job.algorithm.params["eval_fraction"] == 1.0 and "prox" in job.algorithm.terms
 
 
-@pytest.mark.parametrize("params, regularizers, run, message", [
+@pytest.mark.parametrize("params, terms, run, message", [
     ({"exchange": "classifiers"}, [], {}, r"\[algorithm.params\]: exchange = 'classifiers'; choose one of"),
     ({"matching": "one_to_one"}, [], {}, r"\[algorithm.params\]: matching = 'one_to_one'; choose"),
     ({"eval_fraction": 0.0}, [], {}, r"\[algorithm.params\]: eval_fraction = 0.0 must be in \(0, 1\]"),
     ({"eval_fraction": 1.5}, [], {}, r"eval_fraction = 1.5 must be in \(0, 1\]"),
-    ({}, ["fm_cg"], {}, r"drop \['fm_cg'\] from algorithm.regularizers"),
-    ({}, ["prox", "fm_l2"], {}, r"drop \['fm_l2'\] from algorithm.regularizers"),
-    ({}, ["hpcfl.regularizers.matching:L2Matching"], {}, r"drop \['hpcfl.regularizers.matching:L2Matching'\]"),
+    ({}, ["fm_cg"], {}, r"drop \['fm_cg'\] from algorithm.terms"),
+    ({}, ["prox", "fm_l2"], {}, r"drop \['fm_l2'\] from algorithm.terms"),
+    ({}, ["hpcfl.terms.matching:L2Matching"], {}, r"drop \['hpcfl.terms.matching:L2Matching'\]"),
     ({}, [], {"placement": "per_round"}, r"run.placement = 'per_round'"),      # FedAvg's rules hold too
 ], ids=["exchange", "matching", "eval_fraction_0", "eval_fraction_above_1", "fm_cg", "fm_l2", "plugin_matching",
         "placement"])
-def test_bad_configuration_names_the_key(params, regularizers, run, message):
+def test_bad_configuration_names_the_key(params, terms, run, message):
     with pytest.raises(ConfigError, match=message):
-        _job(params, regularizers, **run)
+        _job(params, terms, **run)

@@ -4,19 +4,19 @@ the forgetting degree (eq. 1) in the result file, NaN for a client dropped as no
 import numpy as np
 import pytest
 import torch
+from algorithms.helpers import client
 from torch import nn
 
-from algorithms.helpers import client
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import Setup
-from hpcfl.jobs import job_from_dict
 from hpcfl.data.splits import class_categories, shared_set
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
-from hpcfl.regularizers import KnowledgeAnchor
 from hpcfl.runtime.report import FORGETTING_XI
 from hpcfl.runtime.worker import Worker
+from hpcfl.terms import KnowledgeAnchor
 
 COUNTS = np.array([50, 3, 0, 0, 47])            # gamma 0.1: dominant {0, 4}, non-dominant {1}, missing {2, 3}
 
@@ -156,11 +156,11 @@ def test_the_fedka_preset_draws_its_anchors_from_the_run_seed():
     anchors = {}
     settings = {"gamma": 0.1, "size": 2}
     for name, params, tables in (("fedka", settings, {}), ("fedavg", {}, {"ka": settings})):
-        job = job_from_dict({"algorithm": {"name": name, "params": params, "regularizers": tables}, "run": {"seed": 5},
+        job = job_from_dict({"algorithm": {"name": name, "params": params, "terms": tables}, "run": {"seed": 5},
                              "data": {"num_clients": 2}, "train": {"clients_per_round": 2}})
         algo = ALGORITHMS[name](algorithm_params(name, params),
                                 Setup.of(job, nn.Linear(2, 5), np.ones((2, 5), dtype=np.int64)))
-        term = next(t for t in algo.regularizers if isinstance(t, KnowledgeAnchor))
+        term = next(t for t in algo.terms if isinstance(t, KnowledgeAnchor))
         assert term.seed == 5
         anchors[name] = term.anchor(_client(), round=0)[1].tolist()
     assert anchors["fedka"] == anchors["fedavg"]

@@ -12,22 +12,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from algorithms.helpers import StepTrainer, client, make
 from torch import nn
 
-from algorithms.helpers import StepTrainer, client, make
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.base import MATCHED, Client, Setup
-from hpcfl.bbp_map import Prior, match_neurons
+from hpcfl.algorithms.bbp_map import Prior, match_neurons
+from hpcfl.algorithms.neurons import chain, place, place_inputs, width
 from hpcfl.config import TrainConfig
-from hpcfl.jobs import job_from_dict
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.leaf import SHAKESPEARE_VOCAB
 from hpcfl.data.partition import count_matrix, partition
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model
-from hpcfl.models.neurons import chain, place, place_inputs, width
 from hpcfl.training import LocalTrainer, evaluate
 
 
@@ -163,13 +163,13 @@ def test_one_shot_matching_beats_coordinate_wise_averaging_of_the_same_local_mod
     assert matched_acc > averaged_acc + 0.15, (matched_acc, averaged_acc)      # measured: 0.33 vs 0.10
 
 
-def test_partial_participation_and_regularizers_are_refused():
+def test_partial_participation_and_terms_are_refused():
     base = {"algorithm": {"name": "fedma"}, "data": {"num_clients": 4}}
     with pytest.raises(ConfigError, match="clients_per_round = data.num_clients = 4"):
         job_from_dict({**base, "train": {"clients_per_round": 2}})
-    with pytest.raises(ConfigError, match="regularizers"):
+    with pytest.raises(ConfigError, match="terms"):
         job_from_dict({**base, "train": {"clients_per_round": 4},
-                       "algorithm": {"name": "fedma", "regularizers": {"prox": {}}}})
+                       "algorithm": {"name": "fedma", "terms": {"prox": {}}}})
 
 
 def test_the_shakespeare_job_matches_lstms_of_speaking_roles(tmp_path):

@@ -1,5 +1,5 @@
 """Every algorithm, run through the launcher in this process on real data (scikit-learn digits,
-Dir(0.5) over 6 clients), learns; and a preset equals FedAvg with its term named as a regularizer."""
+Dir(0.5) over 6 clients), learns; and a preset equals FedAvg with its term named as a term."""
 import numpy as np
 import pytest
 
@@ -65,9 +65,9 @@ def test_scaffold_with_momentum_and_long_local_training_learns(tiny_job, tmp_pat
                                                   ("moon", "moon", "mu = 2.0"),
                                                   ("fedrs", "fedrs", "alpha = 0.3"),
                                                   ("fedntd", "ntd", "beta = 0.7")])
-def test_a_preset_is_fedavg_plus_its_regularizer(preset, term, params, tiny_job, tmp_path):
+def test_a_preset_is_fedavg_plus_its_term(preset, term, params, tiny_job, tmp_path):
     named = _run(tiny_job(preset, rounds=2, extra=f"[algorithm.params]\n{params}\n"), tmp_path / "preset")
-    composed = _run(tiny_job("fedavg", rounds=2, extra=f"[algorithm.regularizers.{term}]\n{params}\n"),
+    composed = _run(tiny_job("fedavg", rounds=2, extra=f"[algorithm.terms.{term}]\n{params}\n"),
                     tmp_path / "composed")
     plain = _run(tiny_job("fedavg", rounds=2), tmp_path / "plain")
     np.testing.assert_array_equal(named["round/test_acc"], composed["round/test_acc"])
@@ -76,7 +76,7 @@ def test_a_preset_is_fedavg_plus_its_regularizer(preset, term, params, tiny_job,
 
 
 def test_feature_matching_composes_and_records_the_feature_space(tiny_job, tmp_path):
-    arrays = _run(tiny_job("fednova", rounds=3, extra='regularizers = { fm_l2 = { start_round = 1 }, moon = {} }\n'
+    arrays = _run(tiny_job("fednova", rounds=3, extra='terms = { fm_l2 = { start_round = 1 }, moon = {} }\n'
                                                          '[eval]\nfeature_quality = true\n'),
                   tmp_path)
     assert np.isnan(arrays["round/bytes_up/anchors"][0]) and arrays["round/bytes_up/anchors"][1] > 0
@@ -93,8 +93,8 @@ def test_fedfm_lite_saves_model_bytes(tiny_job, tmp_path):
     np.testing.assert_array_equal(every[1]["round/bytes_up/anchors"], every[2]["round/bytes_up/anchors"])
 
 
-def test_regularizers_compose(tiny_job, tmp_path):
-    both = _run(tiny_job("scaffold", rounds=2, extra='regularizers = { prox = {}, moon = { projection = 0 } }\n'),
+def test_terms_compose(tiny_job, tmp_path):
+    both = _run(tiny_job("scaffold", rounds=2, extra='terms = { prox = {}, moon = { projection = 0 } }\n'),
                 tmp_path / "both")            # MOON's head (3 more default-initialised layers) starts slower than 2 rounds
     alone = _run(tiny_job("scaffold", rounds=2), tmp_path / "alone")
     assert not np.array_equal(both["client/train_loss"], alone["client/train_loss"])

@@ -3,11 +3,11 @@ clients keep nothing between rounds; the others are refused 'per_round' before a
 worker catches an algorithm that claims to be stateless but keeps client state."""
 import numpy as np
 import pytest
-
 from algorithms.helpers import Scalar, StepTrainer, client, make
+
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError, HpcflError
+from hpcfl.jobs import job_from_dict
 from hpcfl.runtime.report import CLIENT_METRICS
 from hpcfl.runtime.worker import Worker
 
@@ -36,8 +36,8 @@ def test_only_algorithms_whose_clients_keep_nothing_move(name):
 
 
 def test_a_term_or_batchnorm_that_keeps_client_state_pins_the_clients():
-    assert not ALGORITHMS["fedavg"].moves_clients(job("fedavg", algorithm={"regularizers": ["moon"]}))
-    assert ALGORITHMS["fedavg"].moves_clients(job("fedavg", algorithm={"regularizers": ["prox"]}))
+    assert not ALGORITHMS["fedavg"].moves_clients(job("fedavg", algorithm={"terms": ["moon"]}))
+    assert ALGORITHMS["fedavg"].moves_clients(job("fedavg", algorithm={"terms": ["prox"]}))
     assert not ALGORITHMS["fedavg"].moves_clients(job("fedavg", "fixed"))      # the user pins them
     with pytest.raises(ConfigError, match="model.batchnorm"):
         job("fedavg", "per_round", model={"batchnorm": "local"})

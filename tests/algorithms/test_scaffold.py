@@ -4,9 +4,9 @@ control variate divided by the momentum-aware step count a_i over two rounds fro
 import numpy as np
 import pytest
 import torch
+from algorithms.helpers import make
 from torch import nn
 
-from algorithms.helpers import make
 from hpcfl.algorithms.base import Client
 from hpcfl.training import LocalTrainer
 
@@ -61,7 +61,7 @@ def test_control_variate_divides_the_model_change_by_the_momentum_aware_step_cou
     train = {"lr": LR, "momentum": momentum, "weight_decay": DECAY, "batch_size": 8, "local_epochs": STEPS,
              "clients_per_round": 1}
     algo = make("scaffold", Softmax2(), train=train,
-                algorithm={"name": "scaffold", "regularizers": {"prox": {"mu": mu}} if mu else {}})
+                algorithm={"name": "scaffold", "terms": {"prox": {"mu": mu}} if mu else {}})
     trainer = LocalTrainer(algo.setup.job.train, seed=0)
     me = Client(0, torch.tensor(X, dtype=torch.float32), torch.tensor(Y), np.array([2, 2]))
     c_i = np.array([[0.2, -0.1], [0.05, 0.3]])

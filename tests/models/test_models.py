@@ -6,16 +6,16 @@ import torch
 from torch import nn
 
 from hpcfl.algorithms.base import Client
-from hpcfl.jobs import job_from_dict
-from hpcfl.params import model_params
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.models import MODELS, build_model, count_parameters, model_options, model_state
 from hpcfl.models.common import HeadOptions, ReluLinear
 from hpcfl.models.vision import ResNetOptions
-from hpcfl.regularizers import adapt_model
+from hpcfl.params import model_params
 from hpcfl.runtime.build import build_models
+from hpcfl.terms import adapt_model
 from hpcfl.training import LocalTrainer, evaluate
 
 torch.set_num_threads(1)

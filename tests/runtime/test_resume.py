@@ -1,19 +1,21 @@
 """Checkpoint and resume: a run stopped by a signal, or killed, and started again gives exactly the
 metrics of the uninterrupted run, on 1 process and on 3 ranks; a damaged newest checkpoint falls
 back to the one before it; a checkpoint that holds more than tensors is refused, not run."""
+import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
 
+import h5py
 import pytest
-
 from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
-from hpcfl.checkpoint import MANIFEST, checkpoint_root
+
 from hpcfl.jobs import load_job
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
+from hpcfl.runtime.checkpoint import MANIFEST, checkpoint_root
 
 JOB = CHECKPOINTED_JOB.format(study="resume")
 
@@ -127,6 +129,17 @@ def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys)
     assert "another configuration" in capsys.readouterr().err
     free = ["run.checkpoint_every=3", "run.device='cpu'", "run.placement='fixed'", "train.on_nonfinite='drop'"]
     assert main([*_args(job, tmp_path, "cut"), *(a for key in free for a in ("--set", key))]) == 0
+    assert read_run(tmp_path / "results" / "resume" / "cut.h5").rounds == 6
+
+
+def test_a_run_recorded_under_the_old_name_of_algorithm_terms_resumes(tmp_path):
+    job = _job(tmp_path)
+    assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
+    with h5py.File(tmp_path / "results" / "resume" / "cut.h5", "r+") as file:      # as hpcfl 0.1 wrote it
+        config = json.loads(file.attrs["config"])
+        config["algorithm"]["regularizers"] = config["algorithm"].pop("terms")
+        file.attrs["config"] = json.dumps(config)
+    assert main(_args(job, tmp_path, "cut")) == 0
     assert read_run(tmp_path / "results" / "resume" / "cut.h5").rounds == 6
 
 

@@ -1,10 +1,10 @@
 """A loss term: weight x the squared mean of the batch's features (keeps them centred)."""
 from dataclasses import dataclass
 
-from hpcfl import Regularizer
+from hpcfl import Term
 
 
-class Centring(Regularizer):
+class Centring(Term):
     name = "centring"
 
     @dataclass(frozen=True)

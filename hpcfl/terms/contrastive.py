@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcfl.errors import ConfigError, HpcflError
-from hpcfl.regularizers.base import Frozen, Regularizer
 from hpcfl.seeding import torch_seed
+from hpcfl.terms.base import Frozen, Term
 
 
 class ProjectedClassifier(nn.Module):
@@ -41,7 +41,7 @@ class ProjectedClassifier(nn.Module):
         return self.out(self.head(features))
 
 
-class Moon(Regularizer):
+class Moon(Term):
     name, keeps_state = "moon", True
 
     @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Moon(Regularizer):
         client.state.update({f"moon.previous.{k}": v.detach().clone() for k, v in model.state_dict().items()})
 
 
-class SupCon(Regularizer):
+class SupCon(Term):
     """Khosla et al.'s supervised contrastive loss over the 2N features of two views (every other
     sample of the same class is a positive), scaled by temperature / base_temperature."""
     name, views = "supcon", 2

@@ -8,16 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from hpcfl.algorithms.anchored import matching_term, wrap
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
+from hpcfl.algorithms.anchored import matching_term, wrap
+from hpcfl.algorithms.anchors import ANCHORS
 from hpcfl.algorithms.base import ONE, WEIGHT, Client, Setup
-from hpcfl.anchors import ANCHORS
 from hpcfl.config import TrainConfig
-from hpcfl.jobs import job_from_dict
 from hpcfl.errors import ConfigError, HpcflError
-from hpcfl.regularizers import (REGULARIZERS, ContrastiveGuiding, L2Matching, Linear, Moon, NotTrueDistillation,
-                                ProjectedClassifier, Prox, RestrictedSoftmax, SupCon, build_regularizers)
+from hpcfl.jobs import job_from_dict
 from hpcfl.runtime.build import build_models
+from hpcfl.terms import (TERMS, ContrastiveGuiding, L2Matching, Linear, Moon, NotTrueDistillation, ProjectedClassifier,
+                         Prox, RestrictedSoftmax, SupCon, build_terms)
 from hpcfl.training import LocalTrainer
 
 
@@ -272,7 +272,7 @@ def test_contrastive_guiding_is_cross_entropy_over_anchor_similarities_from_the_
 
 
 def test_a_feature_matching_term_opens_its_rounds_with_fedfms_anchor_phase():
-    job = job_from_dict({"algorithm": {"name": "fedavg", "regularizers": {"fm_l2": {"start_round": 1}}},
+    job = job_from_dict({"algorithm": {"name": "fedavg", "terms": {"fm_l2": {"start_round": 1}}},
                          "data": {"num_clients": 2}, "train": {"clients_per_round": 2}})
     setup = Setup.of(job, TinyNet(), np.ones((2, 3), dtype=np.int64))
     algo = ALGORITHMS["fedavg"](algorithm_params("fedavg", {}), setup)
@@ -308,7 +308,7 @@ def test_supcon_gets_two_augmented_views_from_the_trainer():
     assert shapes == [(4, 2, 3)]                                  # N x 2 views x d
 
 
-@pytest.mark.parametrize("cls", sorted(REGULARIZERS.values(), key=lambda c: c.name))
+@pytest.mark.parametrize("cls", sorted(TERMS.values(), key=lambda c: c.name))
 def test_term_params_are_frozen(cls):
     params = cls.Params()
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -345,8 +345,8 @@ def test_moon_contrasts_the_projected_representation():
     assert model.classifier.out.weight.grad is None                       # the class layer reads z, not the term
 
 
-def _job(algorithm="moon", params=None, regularizers=(), **sections):
-    return job_from_dict({"algorithm": {"name": algorithm, "params": params or {}, "regularizers": list(regularizers)},
+def _job(algorithm="moon", params=None, terms=(), **sections):
+    return job_from_dict({"algorithm": {"name": algorithm, "params": params or {}, "terms": list(terms)},
                           "data": {"num_clients": 2}, "train": {"clients_per_round": 2}, **sections})
 
 
@@ -365,7 +365,7 @@ def test_moon_head_is_built_after_the_base_model_and_is_part_of_the_state():
     assert all(torch.equal(again[k], v) for k, v in state.items())        # the same on every rank
     other = build_models(_job(run={"seed": 1}), (1, 8, 8), 10, "cpu")["fmnist_cnn"].state_dict()
     assert not torch.equal(other["classifier.head.0.weight"], state["classifier.head.0.weight"])
-    composed = build_models(_job("fedprox", regularizers=["moon"]), (1, 8, 8), 10, "cpu")["fmnist_cnn"].state_dict()
+    composed = build_models(_job("fedprox", terms=["moon"]), (1, 8, 8), 10, "cpu")["fmnist_cnn"].state_dict()
     assert all(torch.equal(composed[k], v) for k, v in state.items())     # the term on any algorithm: the same head
     assert isinstance(moon.classifier, ProjectedClassifier) and moon(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
 
@@ -490,48 +490,48 @@ def test_ntd_at_the_defaults_on_a_batch_of_two():
     assert loss.item() == pytest.approx((kl + kl) / 2, rel=1e-6)
 
 
-def test_regularizers_are_configured_by_list_or_table():
-    listed = job_from_dict({"algorithm": {"regularizers": ["prox", "moon"]}})
-    assert listed.algorithm.regularizers == {"prox": {}, "moon": {}}
-    terms = build_regularizers(listed.algorithm.regularizers)
+def test_terms_are_configured_by_list_or_table():
+    listed = job_from_dict({"algorithm": {"terms": ["prox", "moon"]}})
+    assert listed.algorithm.terms == {"prox": {}, "moon": {}}
+    terms = build_terms(listed.algorithm.terms)
     assert [t.name for t in terms] == ["prox", "moon"] and terms[0].params.mu == Prox.Params().mu
-    table = job_from_dict({"algorithm": {"regularizers": {"prox": {"mu": 0.1}, "ntd": {"beta": 0.3}}}})
-    terms = build_regularizers(table.algorithm.regularizers)
+    table = job_from_dict({"algorithm": {"terms": {"prox": {"mu": 0.1}, "ntd": {"beta": 0.3}}}})
+    terms = build_terms(table.algorithm.terms)
     assert [(t.name, t.params) for t in terms] == [("prox", Prox.Params(mu=0.1)),
                                                    ("ntd", NotTrueDistillation.Params(beta=0.3))]
-    assert set(REGULARIZERS) == {"prox", "moon", "fedrs", "ntd", "fm_cg", "fm_l2", "supcon", "ka"}
+    assert set(TERMS) == {"prox", "moon", "fedrs", "ntd", "fm_cg", "fm_l2", "supcon", "ka"}
 
 
 @pytest.mark.parametrize("algorithm, message", [
-    ({"regularizers": ["proximal"]}, "'proximal' is unknown"),
-    ({"regularizers": {"prox": {"nu": 1}}}, "unknown key(s) ['nu'] in [algorithm.regularizers.prox]"),
-    ({"regularizers": {"moon": {"mu": "big"}}}, "algorithm.regularizers.moon.mu must be of type float"),
-    ({"regularizers": {"moon": {"temperature": 0.0}}}, "[algorithm.regularizers.moon]: temperature = 0.0 must be > 0"),
-    ({"regularizers": {"moon": {"projection": -1}}}, "[algorithm.regularizers.moon]: projection = -1 must be >= 0"),
+    ({"terms": ["proximal"]}, "'proximal' is unknown"),
+    ({"terms": {"prox": {"nu": 1}}}, "unknown key(s) ['nu'] in [algorithm.terms.prox]"),
+    ({"terms": {"moon": {"mu": "big"}}}, "algorithm.terms.moon.mu must be of type float"),
+    ({"terms": {"moon": {"temperature": 0.0}}}, "[algorithm.terms.moon]: temperature = 0.0 must be > 0"),
+    ({"terms": {"moon": {"projection": -1}}}, "[algorithm.terms.moon]: projection = -1 must be >= 0"),
     ({"name": "moon", "params": {"projection": -2}}, "[algorithm.params]: projection = -2 must be >= 0"),
-    ({"regularizers": {"prox": {"scope": "head"}}}, "[algorithm.regularizers.prox]: scope = 'head'; choose 'model'"),
-    ({"regularizers": {"prox": {"reduction": "max"}}}, "[algorithm.regularizers.prox]: reduction = 'max'; choose"),
-    ({"regularizers": {"fm_cg": {"anchor_weighting": "x"}}}, "[algorithm.regularizers.fm_cg]: anchor_weighting = 'x'"),
-    ({"regularizers": {"fm_l2": {"anchor_weighting": "all"}}}, "[algorithm.regularizers.fm_l2]: anchor_weighting = "),
-    ({"regularizers": {"ntd": {"tau": 0.0}}}, "[algorithm.regularizers.ntd]: tau = 0.0 must be > 0"),
+    ({"terms": {"prox": {"scope": "head"}}}, "[algorithm.terms.prox]: scope = 'head'; choose 'model'"),
+    ({"terms": {"prox": {"reduction": "max"}}}, "[algorithm.terms.prox]: reduction = 'max'; choose"),
+    ({"terms": {"fm_cg": {"anchor_weighting": "x"}}}, "[algorithm.terms.fm_cg]: anchor_weighting = 'x'"),
+    ({"terms": {"fm_l2": {"anchor_weighting": "all"}}}, "[algorithm.terms.fm_l2]: anchor_weighting = "),
+    ({"terms": {"ntd": {"tau": 0.0}}}, "[algorithm.terms.ntd]: tau = 0.0 must be > 0"),
     ({"name": "fedntd", "params": {"beta": -1.0}}, "[algorithm.params]: tau = 1.0 must be > 0 and beta = -1.0 >= 0"),
-    ({"regularizers": {"fedrs": {"alpha": 1.5}}}, "[algorithm.regularizers.fedrs]: alpha = 1.5 must be in [0, 1]"),
+    ({"terms": {"fedrs": {"alpha": 1.5}}}, "[algorithm.terms.fedrs]: alpha = 1.5 must be in [0, 1]"),
     ({"name": "fedrs", "params": {"bias": "none"}}, "[algorithm.params]: bias = 'none'; choose 'scale', 'drop'"),
-    ({"regularizers": {"ka": {"reduction": "median"}}}, "[algorithm.regularizers.ka]: reduction = 'median'; choose"),
+    ({"terms": {"ka": {"reduction": "median"}}}, "[algorithm.terms.ka]: reduction = 'median'; choose"),
     ({"name": "fedka", "params": {"weight": -0.1}}, "[algorithm.params]: weight = -0.1 must be >= 0"),
     ({"name": "fedka", "params": {"size": 0}}, "[algorithm.params]: size = 0 must be >= 1"),
     ({"name": "fedka", "params": {"gamma": 1.5}}, "gamma = 1.5 in [0, 1]"),
-    ({"regularizers": {"ka": {"gamma": -0.1}}}, "[algorithm.regularizers.ka]: size = 10 must be >= 1 and gamma = -0.1"),
-    ({"regularizers": {"fedrs": {"alpha": -0.1}}}, "[algorithm.regularizers.fedrs]: alpha = -0.1 must be in [0, 1]"),
-    ({"regularizers": {"ntd": {"tau": -1.0}}}, "[algorithm.regularizers.ntd]: tau = -1.0 must be > 0"),
+    ({"terms": {"ka": {"gamma": -0.1}}}, "[algorithm.terms.ka]: size = 10 must be >= 1 and gamma = -0.1"),
+    ({"terms": {"fedrs": {"alpha": -0.1}}}, "[algorithm.terms.fedrs]: alpha = -0.1 must be in [0, 1]"),
+    ({"terms": {"ntd": {"tau": -1.0}}}, "[algorithm.terms.ntd]: tau = -1.0 must be > 0"),
     ({"name": "fedka", "params": {"classes": "dominant"}}, "[algorithm.params]: classes = 'dominant'; choose"),
-    ({"name": "fedprox", "regularizers": ["prox"]}, "already includes the 'prox' term"),
+    ({"name": "fedprox", "terms": ["prox"]}, "already includes the 'prox' term"),
     ({"name": "feddyn", "params": {"alpha": 0.0}}, "alpha = 0.0 must be > 0"),
     ({"name": "scaffold", "params": {"server_lr": "1"}}, "algorithm.params.server_lr must be of type float"),
     ({"name": "fedavgm", "params": {"server_momentum": 1.0}}, "server_momentum = 1.0 must be in [0, 1)"),
     ({"name": "fedavgm", "params": {"server_lr": -0.5}}, "[algorithm.params]: server_lr = -0.5 must be >= 0"),
 ])
-def test_bad_regularizer_config_is_named(algorithm, message):
+def test_bad_term_config_is_named(algorithm, message):
     with pytest.raises(ConfigError) as err:
         job_from_dict({"algorithm": algorithm})
     assert message in str(err.value)
@@ -541,11 +541,11 @@ def test_bad_regularizer_config_is_named(algorithm, message):
     ({"algorithm": {"name": "scaffold"}, "train": {"optimizer": "adam"}}, "'scaffold' needs train.optimizer = \"sgd\""),
     ({"algorithm": {"name": "fednova"}, "train": {"optimizer": "adam"}}, "'fednova' needs train.optimizer"),
     ({"algorithm": {"name": "local_only"}}, "set data.local_test_ratio (e.g. 0.3)"),
-    ({"algorithm": {"regularizers": ["fm_cg", "fm_l2"]}}, "algorithm.regularizers has ['fm_cg', 'fm_l2']: use one"),
-    ({"algorithm": {"regularizers": ["prox", "moon"]}, "run": {"placement": "per_round"}},
+    ({"algorithm": {"terms": ["fm_cg", "fm_l2"]}}, "algorithm.terms has ['fm_cg', 'fm_l2']: use one"),
+    ({"algorithm": {"terms": ["prox", "moon"]}, "run": {"placement": "per_round"}},
      "run.placement = 'per_round' deals each round's clients to any worker"),      # MOON keeps the previous model
     ({"algorithm": {"name": "ensemble"}, "data": {"num_clients": 8}, "train": {"clients_per_round": 4}}, "train.clients_per_round = data.num_clients (8)"),
-    ({"algorithm": {"name": "ensemble", "regularizers": ["fm_cg"]}, "data": {"num_clients": 8},
+    ({"algorithm": {"name": "ensemble", "terms": ["fm_cg"]}, "data": {"num_clients": 8},
       "train": {"clients_per_round": 8}}, "no global model to compute FedFM's anchors with"),
 ])
 def test_algorithm_rules_on_the_whole_job_are_named(job, message):

@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
+from hpcfl.algorithms.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, resize_, signature,
+                                      width, with_signature)
 from hpcfl.errors import ConfigError
 from hpcfl.models import build_model
-from hpcfl.models.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, resize_, signature,
-                                  width, with_signature)
 
 MODELS = [("fmnist_cnn", (1, 12, 12), 10), ("lenet", (1, 28, 28), 10), ("char_lstm", (6,), 12)]
 

@@ -7,10 +7,10 @@
 """
 from dataclasses import dataclass
 
-from hpcfl.regularizers.base import Regularizer, Tensors
+from hpcfl.terms.base import Tensors, Term
 
 
-class Prox(Regularizer):
+class Prox(Term):
     name = "prox"
 
     @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Prox(Regularizer):
         return 0.5 * self.params.mu * total
 
 
-class Linear(Regularizer):
+class Linear(Term):
     """<v, w> over the parameters, for a per-client vector v the algorithm sets (SCAFFOLD's c - c_i,
     FedDyn's -grad): its gradient adds v to every step's gradient. Not selectable by name."""
 

@@ -38,9 +38,9 @@ class LocalTrainer:
                 out += list(order.to(device).split(size))
         return out
 
-    def train(self, model: nn.Module, client, round: int, regularizers=(), epochs: range | None = None) -> dict[str, float]:
+    def train(self, model: nn.Module, client, round: int, terms=(), epochs: range | None = None) -> dict[str, float]:
         """E local epochs of minibatch training on the client's data, the task loss being cross-entropy
-        on the (regularizer-adjusted) logits plus every regularizer's term; returns the mean loss.
+        on the (term-adjusted) logits plus every term's term; returns the mean loss.
 
         If a term asks for two views (SupCon), each batch becomes two augmented views that go through
         the feature extractor together; the task loss and single-view terms see view 1."""
@@ -52,7 +52,7 @@ class LocalTrainer:
         batches = self.batches(client.num_samples, round, client.id, client.y.device, epochs)
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
             batches = [idx for idx in batches if len(idx) > 1]   # BatchNorm cannot train on one sample (1-d, 1x1 maps)
-        two_views = any(term.views == 2 for term in regularizers)
+        two_views = any(term.views == 2 for term in terms)
         augment = (torch_generator(self.seed, "augment", round, client.id, *part, device=client.y.device)
                    if two_views or self.cfg.augment == "crop_flip" else None)
         for idx in batches:
@@ -66,10 +66,10 @@ class LocalTrainer:
                     x = random_crop_flip(x, augment)
                 features = paired = model.features(x)
             logits = model.classifier(features)
-            for term in regularizers:
+            for term in terms:
                 logits = term.logits(logits)
             loss = F.cross_entropy(logits, y)
-            for term in regularizers:
+            for term in terms:
                 extra = term.loss(model, x, y, paired if term.views == 2 else features, logits)
                 if extra is not None:
                     loss = loss + extra

@@ -38,9 +38,9 @@ def check_job(job: JobConfig, algorithm: type, supported: list[str]) -> None:
         raise ConfigError(f"{KEY} = {job.train.batched_clients}: algorithm '{algorithm.name}' does more than plain "
                           "training from the global model (local terms, per-client models or training in parts), so "
                           f"its clients train one at a time; use one of {supported}, or set {KEY} = 0")
-    if job.algorithm.regularizers:
+    if job.algorithm.terms:
         raise ConfigError(f"{KEY} = {job.train.batched_clients} trains plain cross-entropy: drop "
-                          f"algorithm.regularizers {sorted(job.algorithm.regularizers)}, or set {KEY} = 0")
+                          f"algorithm.terms {sorted(job.algorithm.terms)}, or set {KEY} = 0")
 
 
 def check_model(model: nn.Module) -> None:

@@ -5,19 +5,19 @@ import io
 import numpy as np
 import pytest
 import torch
+from helpers import launch, run_metrics
 from torch import nn
 
-from helpers import launch, run_metrics
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.algorithms.base import Client
-from hpcfl.batched import BatchedTrainer, Optimizer, check_model
-from hpcfl.jobs import job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.models import build_model, load_state
 from hpcfl.training import LocalTrainer
+from hpcfl.training.batched import BatchedTrainer, Optimizer, check_model
 
 SIZES = (23, 40, 57, 16, 9)         # batch 16: ragged last batches, 2 to 8 steps over two epochs
 TRAINING = {"sgd": {"momentum": 0.9, "weight_decay": 1e-3, "lr": 0.05},
@@ -116,7 +116,7 @@ def test_only_classes_that_vouch_for_their_local_update_batch():
 
 @pytest.mark.parametrize("job", [{"algorithm": {"name": "scaffold"}},
                                  {"algorithm": {"name": "fedprox"}},          # FedAvg plus its own term
-                                 {"algorithm": {"name": "fedavg", "regularizers": ["moon"]}}])
+                                 {"algorithm": {"name": "fedavg", "terms": ["moon"]}}])
 def test_a_job_that_cannot_batch_is_refused_naming_the_key(job):
     with pytest.raises(ConfigError, match="train.batched_clients"):
         job_from_dict({**job, "train": {"batched_clients": 4}})

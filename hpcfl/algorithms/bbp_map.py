@@ -72,7 +72,7 @@ def match_neurons(neurons: list[np.ndarray], bias: np.ndarray, prior: Prior,
 
 def _add(layer: _Global, w: np.ndarray, prior_sum, precision, precision0, prior: Prior, J: int) -> np.ndarray:
     """Match one client's scaled neurons `w` into the global layer (growing it); returns its assignment."""
-    from scipy.optimize import linear_sum_assignment      # here: scipy.optimize costs every run 0.3 s of start-up
+    from scipy.optimize import linear_sum_assignment  # here: scipy.optimize costs every run 0.3 s of start-up
 
     L = layer.sums.shape[0]
     p = precision0 + layer.counts * precision

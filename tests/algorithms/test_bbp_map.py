@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hpcfl.bbp_map import Prior, match_neurons
+from hpcfl.algorithms.bbp_map import Prior, match_neurons
 
 NO_BIAS = np.zeros(1, dtype=bool)
 

@@ -1,7 +1,7 @@
 """Local loss terms: small pieces added to a client's task loss, composable by configuration.
 
-A job names them in `[algorithm] regularizers = ["prox", "moon"]` (parameters in
-`[algorithm.regularizers.<name>]`), and any algorithm trains with them, so FedProx is FedAvg plus
+A job names them in `[algorithm] terms = ["prox", "moon"]` (parameters in
+`[algorithm.terms.<name>]`), and any algorithm trains with them, so FedProx is FedAvg plus
 `prox` and FedFM's feature matching can be added to MOON or FedNova by configuration.
 
 A term sees what the client received this round (`start`: the reference model under "model", and
@@ -10,7 +10,7 @@ built (`adapt`, on every rank: MOON's projection head), may rescale the logits
 before the task loss (`logits`), adds to the loss each batch (`loss`), and may keep per-client state
 that lives with the client on its worker, off the GPU between rounds (`finish`, keys `<name>.*`).
 
-The terms, by family: hpcfl.regularizers.weights (`prox`), .contrastive (`moon`, `supcon`),
+The terms, by family: hpcfl.terms.weights (`prox`), .contrastive (`moon`, `supcon`),
 .logits (`fedrs`, `ntd`, `ka`), .matching (`fm_cg`, `fm_l2`); each module cites its papers.
 """
 from typing import Mapping
@@ -19,31 +19,31 @@ from torch import nn
 
 from hpcfl.params import params_from
 from hpcfl.plugins import Registry, subclass_of
-from hpcfl.regularizers.base import Frozen, Regularizer, Tensors
-from hpcfl.regularizers.contrastive import Moon, ProjectedClassifier, SupCon
-from hpcfl.regularizers.logits import KnowledgeAnchor, NotTrueDistillation, RestrictedSoftmax
-from hpcfl.regularizers.matching import ContrastiveGuiding, FeatureMatching, L2Matching
-from hpcfl.regularizers.weights import Linear, Prox
+from hpcfl.terms.base import Frozen, Tensors, Term
+from hpcfl.terms.contrastive import Moon, ProjectedClassifier, SupCon
+from hpcfl.terms.logits import KnowledgeAnchor, NotTrueDistillation, RestrictedSoftmax
+from hpcfl.terms.matching import ContrastiveGuiding, FeatureMatching, L2Matching
+from hpcfl.terms.weights import Linear, Prox
 
-__all__ = ["Frozen", "Regularizer", "Tensors", "Moon", "ProjectedClassifier", "SupCon", "KnowledgeAnchor",
+__all__ = ["Frozen", "Term", "Tensors", "Moon", "ProjectedClassifier", "SupCon", "KnowledgeAnchor",
            "NotTrueDistillation", "RestrictedSoftmax", "ContrastiveGuiding", "FeatureMatching",
-           "L2Matching", "Linear", "Prox", "REGULARIZERS", "regularizer_params", "build_regularizers", "adapt_model"]
+           "L2Matching", "Linear", "Prox", "TERMS", "term_params", "build_terms", "adapt_model"]
 
 
-# the names in algorithm.regularizers: these, or a plug-in's "package.module:Class" (hpcfl.plugins)
-REGULARIZERS = Registry("algorithm.regularizers", subclass_of(Regularizer, "a loss term"), {
+# the names in algorithm.terms: these, or a plug-in's "package.module:Class" (hpcfl.plugins)
+TERMS = Registry("algorithm.terms", subclass_of(Term, "a loss term"), {
     cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching,
                               SupCon, KnowledgeAnchor)})
 
 
-def regularizer_params(name: str, raw: Mapping) -> Regularizer.Params:
+def term_params(name: str, raw: Mapping) -> Term.Params:
     """The named term's Params from its config table, naming bad keys."""
-    return params_from(REGULARIZERS.resolve(name, "algorithm.regularizers").Params, raw,
-                       f"algorithm.regularizers.{name}")
+    return params_from(TERMS.resolve(name, "algorithm.terms").Params, raw,
+                       f"algorithm.terms.{name}")
 
 
-def build_regularizers(tables: Mapping[str, Mapping], seed: int = 0) -> list[Regularizer]:
-    terms = [REGULARIZERS[name](regularizer_params(name, raw)) for name, raw in tables.items()]
+def build_terms(tables: Mapping[str, Mapping], seed: int = 0) -> list[Term]:
+    terms = [TERMS[name](term_params(name, raw)) for name, raw in tables.items()]
     for term in terms:
         term.seed = seed
     return terms
@@ -53,5 +53,5 @@ def adapt_model(model: nn.Module, tables: Mapping[str, Mapping], seed: int) -> n
     """`model` with what the named terms ({name: config table}) add to it at build time (MOON's
     projection head), the same on every rank."""
     for name, raw in tables.items():
-        REGULARIZERS[name].adapt(model, regularizer_params(name, raw), seed)
+        TERMS[name].adapt(model, term_params(name, raw), seed)
     return model

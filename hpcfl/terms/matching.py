@@ -6,16 +6,16 @@
            authors' code), from round `start_round` (T_s) on. `fm_l2`: eq. (3), weight * ||z - a_c||^2
            with z and a_c normalised (section V-A), averaged over batch and dimensions as in the
            authors' `matching_l2`; both terms default to the paper's lambda = 50.
-           Both need global anchors: the algorithm adds FedFM's anchor phase (hpcfl.anchors) to its rounds.
+           Both need global anchors: the algorithm adds FedFM's anchor phase (hpcfl.algorithms.anchors) to its rounds.
 """
 from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from hpcfl.regularizers.base import Regularizer
+from hpcfl.terms.base import Term
 
 
-class FeatureMatching(Regularizer):
+class FeatureMatching(Term):
     """Pulls each sample's features towards its class's global anchor (FedFM); off before `start_round`."""
 
     needs_anchors = True

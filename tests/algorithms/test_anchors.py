@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from hpcfl.anchors import initial_anchors, local_anchors, update_anchors
-from hpcfl.regularizers import ContrastiveGuiding, L2Matching
+from hpcfl.algorithms.anchors import initial_anchors, local_anchors, update_anchors
+from hpcfl.terms import ContrastiveGuiding, L2Matching
 
 
 class Identity(nn.Module):
@@ -75,7 +75,7 @@ def test_l2_matching_pulls_features_to_their_class_anchor_after_the_start_round(
 def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives_in():
     """Anchors are class means of the received model's features: dropout off and BatchNorm on its
     running statistics, even if the model comes straight from training (FedFM-Lite)."""
-    from hpcfl.anchors import ANCHORS, anchor_layouts
+    from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts
 
     torch.manual_seed(0)
 

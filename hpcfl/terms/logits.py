@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 
 from hpcfl.data.splits import class_categories
-from hpcfl.regularizers.base import Frozen, Regularizer
 from hpcfl.seeding import torch_generator
+from hpcfl.terms.base import Frozen, Term
 
 
-class RestrictedSoftmax(Regularizer):
+class RestrictedSoftmax(Term):
     name = "fedrs"
 
     @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class RestrictedSoftmax(Regularizer):
         return restricted + self.bias if self.params.bias == "keep" else restricted
 
 
-class NotTrueDistillation(Regularizer):
+class NotTrueDistillation(Term):
     name = "ntd"
 
     @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class NotTrueDistillation(Regularizer):
         return self.params.beta * F.kl_div(local, target, reduction="batchmean")
 
 
-class KnowledgeAnchor(Regularizer):
+class KnowledgeAnchor(Term):
     """FedKA: beta * the squared distance between the global and the local model's logits on T over the
     non-dominant and missing classes (summed / |T|, or the element-wise mean), T = the shared sample of
     each missing class + one random own sample of each non-dominant class."""
