@@ -13,7 +13,9 @@ __version__ = "0.2.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Algorithm": "hpcfl.algorithms.base", "Phase": "hpcfl.algorithms.base", "Client": "hpcfl.algorithms.base",
+    "Algorithm": "hpcfl.algorithms.base", "Client": "hpcfl.algorithms.base",
+    "Phase": "hpcfl.algorithms.phases", "SwapPhase": "hpcfl.algorithms.phases", "MatchPhase": "hpcfl.algorithms.phases",
+    "Swapping": "hpcfl.algorithms.phases", "Matching": "hpcfl.algorithms.phases", "MATCHED": "hpcfl.algorithms.phases",
     "Setup": "hpcfl.algorithms.base", "Traits": "hpcfl.algorithms.base", "ONE": "hpcfl.algorithms.base", "WEIGHT": "hpcfl.algorithms.base",
     "assign": "hpcfl.algorithms.base", "weighted": "hpcfl.algorithms.base", "weighted_mean": "hpcfl.algorithms.base",
     "FedAvg": "hpcfl.algorithms.fedavg", "Term": "hpcfl.terms.base", "Frozen": "hpcfl.terms.base",

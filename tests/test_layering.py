@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hpcfl"
-CONTRACT = {"hpcfl.algorithms", "hpcfl.algorithms.base", "hpcfl.algorithms.anchored"}
+CONTRACT = {"hpcfl.algorithms", "hpcfl.algorithms.base", "hpcfl.algorithms.phases", "hpcfl.algorithms.anchored"}
 
 
 def imports(path: Path) -> set[str]:

@@ -165,6 +165,19 @@ def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job):
     assert float(client.state["update.weight"]) == 1.0
 
 
+def test_every_public_name_resolves_to_what_its_module_defines():
+    import importlib
+
+    for name in hpcfl.__all__:
+        value = getattr(hpcfl, name)
+        assert value is not None, name
+        if name in hpcfl._EXPORTS:
+            assert value is getattr(importlib.import_module(hpcfl._EXPORTS[name]), name)
+    assert hpcfl.Regularizer is hpcfl.Term           # the old name, for one release
+    with pytest.raises(AttributeError, match="no attribute 'Regularisers'"):
+        hpcfl.Regularisers
+
+
 def test_traits_are_one_record_inherited_but_for_the_promises_about_client_update():
     from hpcfl import Algorithm, FedAvg, Traits
     from hpcfl.algorithms import ALGORITHMS

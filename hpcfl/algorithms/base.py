@@ -10,10 +10,8 @@ An algorithm is one class holding both halves of a federated method:
   algorithm's own local terms; per-client state (`Client.state`) stays on the client's worker and
   on the CPU between rounds.
 
-A phase may instead be a swap phase (`exchange`: tensors go client to client through the
-`exchange_*` hooks, FedCME) or a matching phase (`gather`: it opens with every sampled client's
-`gather_out` tensor going to the server, whose `match` answers with one tensor for all and one per
-client, of any size; FedMA's layer-wise matching).
+A round may also hold a swap phase (tensors go client to client) or a matching phase (a server-side
+matching opens it); their hooks come with the `Swapping` and `Matching` mix-ins (hpcfl.algorithms.phases).
 
 The runtime calls these hooks directly. FedFM's anchor phase is not part of the contract: with a
 feature-matching term in the job, the runtime wraps the algorithm (hpcfl.algorithms.anchored).
@@ -36,6 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hpcfl.algorithms.phases import Phase
 from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
@@ -47,16 +46,6 @@ Tensors = dict[str, torch.Tensor]
 Contribution = tuple[Mapping[str, torch.Tensor], float]
 ONE = torch.ones(())          # the scalar whose weighted sum is the normaliser...
 WEIGHT = "#weight"            # ...under a name no torch module can give a parameter
-MATCHED = "#matched"          # a matching phase's answer: {"global": one tensor for all, "reply": the client's own}
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    downlink: Mapping[str, Layout] = field(default_factory=dict)   # broadcast payloads
-    uplink: Mapping[str, Layout] = field(default_factory=dict)     # sum-reduced payloads
-    exchange: Layout | None = None      # a swap phase: these tensors go client to client (exchange_* hooks)
-    gather: bool = False                # a matching phase: it opens with gather_out -> match -> downlink[MATCHED]
 
 
 @dataclass
@@ -175,28 +164,6 @@ class Algorithm:
     def receive(self, phase: Phase, round: int, downlink: dict[str, Tensors]) -> None:
         """Every worker rank, once per phase, whether or not it hosts a sampled client (what the
         phase broadcast; FedMA's matched layer, FedFM-Lite's latest model)."""
-
-    def gather_out(self, phase: Phase, round: int, client: Client) -> torch.Tensor:
-        """In a matching phase, before the downlink: the tensor this client sends the server."""
-        raise NotImplementedError
-
-    def match(self, phase: Phase, round: int, server_state: Tensors,
-              gathered: dict[int, torch.Tensor]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Server side of a matching phase: from every sampled client's tensor, one tensor broadcast to
-        all and one sent to each client; they reach `client_update` as downlink[MATCHED]."""
-        raise NotImplementedError
-
-    def exchange_sources(self, round: int) -> dict[int, int]:
-        """In a swap phase, on every rank: receiver client -> the client whose tensors it gets."""
-        return {}
-
-    def exchange_out(self, phase: Phase, client: Client) -> Tensors:
-        """The tensors (phase.exchange's layout) this client hands to its receivers."""
-        raise NotImplementedError
-
-    def exchange_in(self, phase: Phase, client: Client, received: Tensors) -> None:
-        """Take the tensors received from the client's source."""
-        raise NotImplementedError
 
     # -- server side (rank 0) -------------------------------------------------------------------
     def init_server_state(self, model: nn.Module) -> Tensors:

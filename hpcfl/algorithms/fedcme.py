@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from hpcfl.algorithms.anchors import anchor_layouts, initial_anchors, uniform_contribution, update_anchors
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted
 from hpcfl.algorithms.fedavg import FedAvg
+from hpcfl.algorithms.phases import SwapPhase, Swapping
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.payload import Layout
@@ -100,7 +101,7 @@ class FeatureAlignment(Term):
         client.state["fa.sums"], client.state["fa.counts"] = self.sums, self.counts
 
 
-class FedCME(FedAvg):
+class FedCME(Swapping, FedAvg):
     name = "fedcme"
 
     @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class FedCME(FedAvg):
         else:
             self.rounds = [Phase("first", downlink={"model": setup.model_layout, FEATURES: down,
                                                     PARTNERS: Layout(("source",), ((k,),))}),
-                           Phase("swap", exchange=setup.model_layout.select(SWAPPED[params.exchange])),
+                           SwapPhase("swap", exchange=setup.model_layout.select(SWAPPED[params.exchange])),
                            Phase("second", uplink=uplink)]
         self.sources: dict[int, int] = {}
         self.received: dict = {}

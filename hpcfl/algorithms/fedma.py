@@ -42,17 +42,18 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from hpcfl.algorithms.base import MATCHED, Algorithm, Phase
+from hpcfl.algorithms.base import Algorithm
 from hpcfl.algorithms.bbp_map import Prior, match_neurons
 from hpcfl.algorithms.initial import InitParams, independent_init
 from hpcfl.algorithms.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, recurrent, resize_,
                                       signature, width, with_signature)
+from hpcfl.algorithms.phases import MATCHED, Matching, MatchPhase, Phase
 from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
 from hpcfl.seeding import numpy_rng
 
 
-class FedMA(Algorithm):
+class FedMA(Matching, Algorithm):
     name = "fedma"
 
     @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class FedMA(Algorithm):
 
     def plan(self, round):
         model = {"model": Layout.of(self._shapes(self.last))} if round else {}
-        return [Phase("train", downlink=model), *(Phase(name, gather=True) for name in self.phase_layer)]
+        return [Phase("train", downlink=model), *(MatchPhase(name) for name in self.phase_layer)]
 
     def _shapes(self, upto: int) -> dict[str, torch.Tensor]:
         """The template's tensors (values meaningless) with layers < upto at their global widths: the

@@ -1,5 +1,5 @@
-"""The round loop, identical on every rank, as numbered steps (`run`), and one phase of a round
-(`_phase`: a train, swap or matching phase).
+"""The round loop, identical on every rank, as numbered steps (`run`), and one step per kind of phase
+(`_train`, `_swap`, `_match`).
 """
 import time
 from dataclasses import dataclass, field
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import MATCHED
+from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.errors import TrainingFault
 from hpcfl.runtime.build import Job
 from hpcfl.runtime.memory import reset_peak
@@ -95,30 +95,55 @@ def run(job: Job, log=print) -> bool:
 
 
 def _phase(job: Job, phase, this: Round) -> None:
-    """One phase, in the same collective order on every rank:
-    a. a matching phase opens with its gather, match and scatter (`_match`);
-    b. the server's downlink is broadcast;
-    c. a swap phase moves tensors client to client; any other phase trains the hosted clients;
-    d. the uplink is sum-reduced onto the server, which aggregates it."""
-    transport, device = job.transport, _device(job)
-    downlink, replies = _match(job, phase, this) if phase.gather else ({}, None)
+    """One phase, by its type (hpcfl.algorithms.phases), in the same collective order on every rank."""
+    step = next(STEPS[kind] for kind in type(phase).__mro__ if kind in STEPS)
+    step(job, phase, this)
+
+
+def _train(job: Job, phase: Phase, this: Round, downlink: dict | None = None, replies: dict | None = None) -> None:
+    """A train phase:
+    a. the server's downlink is broadcast;
+    b. the hosted sampled clients train;
+    c. their uplink is sum-reduced onto the server, which aggregates it."""
+    transport, device, downlink = job.transport, _device(job), downlink or {}
     packed = job.server.downlink(phase, this.number) if job.server else {}
     for name, layout in phase.downlink.items():
         downlink[name] = layout.unpack(torch.from_numpy(transport.broadcast(name, packed.get(name))).to(device))
         this.count("down", name, layout.numel * len(this.cohort))
-    if phase.exchange is not None:
-        if job.worker:
-            job.worker.exchange(phase, this.number, this.hosted, downlink, transport)
-        this.count("exchange", phase.name, phase.exchange.numel * len(job.algorithm.exchange_sources(this.number)))
     sums = (job.worker.run_phase(phase, this.number, this.hosted, downlink, this.rows, CLIENT_METRICS,
                                  this.class_rows, replies)
-            if job.worker and phase.exchange is None
-            else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
+            if job.worker else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
     reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
     for name, layout in phase.uplink.items():
         this.count("up", name, layout.numel * len(this.cohort))
     if job.server and phase.uplink:
         job.server.aggregate(phase, this.number, reduced)
+
+
+def _swap(job: Job, phase: SwapPhase, this: Round) -> None:
+    """A swap phase: the hosted clients' tensors go to their receivers (point to point across ranks)."""
+    if job.worker:
+        job.worker.exchange(phase, this.number, this.hosted, job.transport)
+    this.count("exchange", phase.name, phase.exchange.numel * len(job.algorithm.exchange_sources(this.number)))
+
+
+def _match(job: Job, phase: MatchPhase, this: Round) -> None:
+    """A matching phase: the sampled clients' tensors are gathered to the server, whose answer is
+    broadcast (one tensor) and scattered (one per client); then a train phase with the answer as
+    downlink[MATCHED]."""
+    transport, device = job.transport, _device(job)
+    gathered = transport.gather(phase.name, job.worker.gather(phase, this.number, this.hosted) if job.worker else {})
+    shared, replies = job.server.match(phase, this.number, gathered) if job.server else (None, None)
+    shared = transport.broadcast(phase.name, shared)
+    mine = transport.scatter(phase.name, replies, this.hosted)
+    if job.server:                      # what each client sends and receives, as for every payload
+        this.count("up", phase.name, sum(v.size for v in gathered.values()))
+        this.count("down", phase.name, shared.size * len(this.cohort) + sum(v.size for v in replies.values()))
+    _train(job, phase, this, {MATCHED: {"global": torch.from_numpy(np.asarray(shared)).to(device)}},
+           {c: torch.from_numpy(np.asarray(r)).to(device) for c, r in mine.items()})
+
+
+STEPS = {Phase: _train, SwapPhase: _swap, MatchPhase: _match}      # a subclass takes its parent's step
 
 
 def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray, log) -> list[int]:
@@ -129,22 +154,6 @@ def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray, log)
         log(f"hpcfl: warning: round {round + 1}: client(s) {faulty} gave a non-finite loss or update; "
                 "their updates were dropped (train.on_nonfinite = 'drop'; recorded as client/nonfinite)")
     return faulty
-
-
-def _match(job: Job, phase, this: Round) -> tuple[dict, dict]:
-    """The layer-wise matching collective that opens a matching phase: the sampled clients' tensors
-    are gathered to the server, whose answer is broadcast (one tensor) and scattered (one per client).
-    Returns (downlink with MATCHED's shared tensor, this rank's clients' replies)."""
-    transport, device = job.transport, _device(job)
-    gathered = transport.gather(phase.name, job.worker.gather(phase, this.number, this.hosted) if job.worker else {})
-    shared, replies = job.server.match(phase, this.number, gathered) if job.server else (None, None)
-    shared = transport.broadcast(phase.name, shared)
-    mine = transport.scatter(phase.name, replies, this.hosted)
-    if job.server:                      # what each client sends and receives, as for every payload
-        this.count("up", phase.name, sum(v.size for v in gathered.values()))
-        this.count("down", phase.name, shared.size * len(this.cohort) + sum(v.size for v in replies.values()))
-    return ({MATCHED: {"global": torch.from_numpy(np.asarray(shared)).to(device)}},
-            {c: torch.from_numpy(np.asarray(r)).to(device) for c, r in mine.items()})
 
 
 def _device(job: Job):

@@ -15,7 +15,8 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import MATCHED, Algorithm, Client, Phase
+from hpcfl.algorithms.base import Algorithm, Client
+from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.errors import HpcflError
 from hpcfl.training import evaluate
 
@@ -86,7 +87,7 @@ class Worker:
         start = self.algorithm.batch_start(phase, downlink) if self.batched and hosted else None
         return self.trainer if start is None else self.batched.train([self.clients[c] for c in hosted], round, start)
 
-    def gather(self, phase: Phase, round: int, hosted: list[int]) -> dict[int, np.ndarray]:
+    def gather(self, phase: MatchPhase, round: int, hosted: list[int]) -> dict[int, np.ndarray]:
         """A matching phase's opening: the hosted sampled clients' tensors for the server."""
         start = time.perf_counter()
         out = {c: self.algorithm.gather_out(phase, round, self.clients[c]).detach().to(torch.float64).cpu().numpy().ravel()
@@ -94,12 +95,11 @@ class Worker:
         self.compute_s += time.perf_counter() - start
         return out
 
-    def exchange(self, phase: Phase, round: int, hosted: list[int], downlink: dict, transport) -> None:
+    def exchange(self, phase: SwapPhase, round: int, hosted: list[int], transport) -> None:
         """A swap phase: the hosted sampled clients hand their tensors to their receivers (in memory
         on this rank, point to point across ranks); every worker reaches it with all its clients at
         the same point of training, so no rank waits on a partner that is still training."""
         start = time.perf_counter()
-        self.algorithm.receive(phase, round, downlink)
         sources = self.algorithm.exchange_sources(round)
         involved = set(sources) | set(sources.values())
         items = {c: phase.exchange.pack(self.algorithm.exchange_out(phase, self.clients[c])).cpu().numpy()

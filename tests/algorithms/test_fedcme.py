@@ -14,6 +14,7 @@ from torch import nn
 from hpcfl.algorithms.base import Client
 from hpcfl.algorithms.fedcme import (EVALUATION, FEATURES, OWN, PARTNERS, FeatureAlignment, FedCME, make_matching,
                                      many_to_one)
+from hpcfl.algorithms.phases import SwapPhase
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.runtime.worker import Worker
@@ -107,7 +108,7 @@ def test_the_swap_gives_each_partner_exactly_the_others_classifier():
         me.state = {OWN + n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}
     algo.sources = {0: 3, 3: 0, 1: 2, 2: 1}
     worker = Worker(algo, clients, {"": Two()}, None, "cpu", 2, 10)
-    worker.exchange(swap, 0, [0, 1, 2, 3], {}, LocalTransport({c: 0 for c in range(4)}))
+    worker.exchange(swap, 0, [0, 1, 2, 3], LocalTransport({c: 0 for c in range(4)}))
     for c, partner in algo.sources.items():
         assert torch.equal(clients[c].state[OWN + "classifier.weight"], torch.full((2, 2), float(partner)))
         assert torch.equal(clients[c].state[OWN + "body.weight"], torch.full((2, 1), float(c)))   # kept
@@ -228,15 +229,15 @@ def _round(server, side, clients, state, round, trainer):
     cohort = [int(c) for c in cohort_schedule(SEED, job.run.rounds, len(clients), job.train.clients_per_round)[round]]
     model, out = Two(classes=3), {}
     for phase in server.plan(round):
+        if isinstance(phase, SwapPhase):
+            worker = Worker(side, clients, {"": model}, trainer, "cpu", 3, 2)
+            worker.exchange(phase, round, cohort, LocalTransport({c: 0 for c in clients}))
+            continue
         payloads = server.downlink(phase, round, state) if phase.downlink else {}
         downlink = {n: layout.unpack(layout.pack(payloads[n], dtype=torch.float32))
                     for n, layout in phase.downlink.items()}
         if PARTNERS in downlink:
             out[PARTNERS] = downlink[PARTNERS]["source"].tolist()
-        if phase.exchange is not None:
-            worker = Worker(side, clients, {"": model}, trainer, "cpu", 3, 2)
-            worker.exchange(phase, round, cohort, downlink, LocalTransport({c: 0 for c in clients}))
-            continue
         side.receive(phase, round, downlink)
         updates = {}
         for c in cohort:             # the contributions hold the shared model's tensors: copied at once

@@ -16,9 +16,10 @@ from algorithms.helpers import StepTrainer, client, make
 from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
-from hpcfl.algorithms.base import MATCHED, Client, Setup
+from hpcfl.algorithms.base import Client, Setup
 from hpcfl.algorithms.bbp_map import Prior, match_neurons
 from hpcfl.algorithms.neurons import chain, place, place_inputs, width
+from hpcfl.algorithms.phases import MATCHED
 from hpcfl.config import TrainConfig
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.leaf import SHAKESPEARE_VOCAB

@@ -5,13 +5,13 @@ worker that hosts no sampled client. Under a real launcher:
 """
 import pytest
 import torch
-
 from algorithms.helpers import client, make
 from algorithms.test_fedcme import Two
 from helpers import assert_same_metrics, run_metrics
+from runtime.test_equivalence import _execute, _job
+
 from hpcfl.algorithms.fedcme import OWN
 from hpcfl.runtime.worker import Worker
-from runtime.test_equivalence import _execute, _job
 
 pytestmark = pytest.mark.mpi
 
@@ -30,7 +30,7 @@ def test_partners_on_different_ranks_swap_exactly_their_classifiers():
     for c, me in mine.items():
         me.state = {OWN + n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}
     worker = Worker(algo, mine, {"": Two()}, None, "cpu", 2, 10)
-    worker.exchange(algo.plan(0)[1], 0, sorted(mine), {}, MpiTransport(client_rank, comm))
+    worker.exchange(algo.plan(0)[1], 0, sorted(mine), MpiTransport(client_rank, comm))
     for c, me in mine.items():
         assert torch.equal(me.state[OWN + "classifier.bias"], torch.full((2,), float(algo.sources[c])))
         assert torch.equal(me.state[OWN + "body.bias"], torch.full((2,), float(c)))
