@@ -31,14 +31,15 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from hpcfl.jobs import load_job
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
+from hpcfl.jobs import load_job
 from hpcfl.models import build_model
+from hpcfl.models.evaluation import evaluate
 from hpcfl.runtime.placement import client_cost, deal_cohort
 from hpcfl.seeding import cohort_schedule, torch_seed
-from hpcfl.training import LocalTrainer, evaluate
+from hpcfl.training import LocalTrainer
 
 MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 
@@ -100,7 +101,7 @@ def sync() -> None:
 def runner(cfg) -> float:
     """Seconds of hpcfl's rounds in this process."""
     from hpcfl.runtime.build import setup
-    from hpcfl.runtime.loop import run          # imported here: the floor's process does without them
+    from hpcfl.runtime.loop import run  # imported here: the floor's process does without them
     from hpcfl.transport import LocalTransport
 
     job = setup(cfg, LocalTransport({}), None, log=lambda text: None)
@@ -133,7 +134,8 @@ def setup_times(cfg, repeat: int) -> tuple[float, float]:
 def profile(cfg) -> None:
     """hpcfl's rounds under torch's profiler: the operators by their own host time, and how often the
     host waited for the GPU (each wait stalls the queue of kernels)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     runner(cfg)                                                            # warm: kernels, allocator
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cfg.run.device == "cuda" else [])

@@ -51,6 +51,9 @@ def test_config_imports_nothing_of_hpcfl_but_its_errors():
     assert {m for m in imports(PACKAGE / "config.py") if m.startswith("hpcfl")} == {"hpcfl.errors"}
 
 
-def test_the_contract_and_local_training_do_not_import_each_other_or_the_registry():
-    assert not {m for m in imports(PACKAGE / "algorithms" / "base.py") if m in ("hpcfl.training.batched", "hpcfl.algorithms.anchors")}
+def test_the_contract_imports_no_implementation_and_local_training_no_algorithm():
+    implementations = ("hpcfl.training", "hpcfl.runtime", "hpcfl.algorithms.")
+    for contract in ("base.py", "phases.py"):
+        found = imports(PACKAGE / "algorithms" / contract) - {"hpcfl.algorithms.phases"}
+        assert not {m for m in found if m.startswith(implementations)}, contract
     assert not {m for m in imports(PACKAGE / "training" / "batched.py") if m.startswith("hpcfl.algorithms")}

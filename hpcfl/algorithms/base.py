@@ -38,9 +38,9 @@ from hpcfl.algorithms.phases import Phase
 from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
+from hpcfl.models.evaluation import evaluate
 from hpcfl.payload import Layout
 from hpcfl.terms import TERMS, Term, build_terms
-from hpcfl.training import evaluate
 
 Tensors = dict[str, torch.Tensor]
 Contribution = tuple[Mapping[str, torch.Tensor], float]

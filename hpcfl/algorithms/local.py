@@ -22,8 +22,8 @@ from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted, weighted_mean
 from hpcfl.algorithms.initial import InitParams, independent_init
 from hpcfl.algorithms.personal import OWN, Personal
 from hpcfl.errors import ConfigError
+from hpcfl.models.evaluation import predict_proba, summarize
 from hpcfl.payload import Layout
-from hpcfl.training import predict_proba, summarize
 
 PROBS = "probs"
 

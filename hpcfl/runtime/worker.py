@@ -18,7 +18,7 @@ import torch
 from hpcfl.algorithms.base import Algorithm, Client
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.errors import HpcflError
-from hpcfl.training import evaluate
+from hpcfl.models.evaluation import evaluate
 
 
 class Worker:

@@ -29,7 +29,8 @@ from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model
-from hpcfl.training import LocalTrainer, evaluate
+from hpcfl.models.evaluation import evaluate
+from hpcfl.training import LocalTrainer
 
 
 def _fedma(net, counts, **params):

@@ -12,11 +12,12 @@ from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.models import MODELS, build_model, count_parameters, model_options, model_state
 from hpcfl.models.common import HeadOptions, ReluLinear
+from hpcfl.models.evaluation import evaluate
 from hpcfl.models.vision import ResNetOptions
 from hpcfl.params import model_params
 from hpcfl.runtime.build import build_models
 from hpcfl.terms import adapt_model
-from hpcfl.training import LocalTrainer, evaluate
+from hpcfl.training import LocalTrainer
 
 torch.set_num_threads(1)
 

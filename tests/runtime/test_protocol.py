@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from hpcfl.config import apply_overrides
-from hpcfl.jobs import job_from_dict
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, partition
 from hpcfl.data.splits import training_subset, validation_split
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.metrics import read_run
+from hpcfl.models.evaluation import evaluate
 from hpcfl.runtime.build import SetupFailed, setup
 from hpcfl.runtime.loop import run
-from hpcfl.training import evaluate
 from hpcfl.transport import LocalTransport
 
 

@@ -1,0 +1,32 @@
+"""A model's accuracy, loss and per-class accuracy on a set, batch by batch: what the server reports
+of the global model and a worker of each trained local model."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int) -> dict:
+    """Accuracy, mean cross-entropy and per-class accuracy of `model` on (x, y)."""
+    model.eval()
+    predicted, loss = torch.empty_like(y), torch.zeros((), device=y.device)
+    for start in range(0, y.shape[0], batch_size):
+        out = model(x[start:start + batch_size])
+        loss += F.cross_entropy(out, y[start:start + batch_size], reduction="sum")
+        predicted[start:start + batch_size] = out.argmax(1)
+    return summarize(predicted, y, loss, num_classes)
+
+
+@torch.no_grad()
+def predict_proba(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Softmax outputs of `model` on x, batch by batch."""
+    model.eval()
+    return torch.cat([F.softmax(model(x[s:s + batch_size]), dim=1) for s in range(0, x.shape[0], batch_size)])
+
+
+def summarize(predicted: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor, num_classes: int) -> dict:
+    """The evaluation record from predicted labels and the summed loss."""
+    per_class = torch.bincount(y, minlength=num_classes).clamp(min=1)
+    correct = torch.bincount(y[predicted == y], minlength=num_classes)
+    return {"acc": float(correct.sum()) / y.shape[0], "loss": float(loss_sum) / y.shape[0],
+            "class_acc": (correct / per_class).cpu().numpy()}
