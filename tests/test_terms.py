@@ -148,14 +148,14 @@ def test_moon_without_projection_contrasts_the_features():
     reference = _state(model)                       # global representation = this model's: cos = 1
     term.start(model, client, 0, {"model": reference})  # first participation: previous = global
     assert term.loss(model, x, None, model.features(x), None).item() == pytest.approx(math.log(2))
-    client.state = {f"moon.previous.{k}": v for k, v in _state(model, **{"body.weight": -torch.eye(2)}).items()}
+    client.term_state = {"moon": _state(model, **{"body.weight": -torch.eye(2)})}
     term.start(model, client, 1, {"model": reference})  # previous representation = -z: cos = -1
     # -log(e^{1/T} / (e^{1/T} + e^{-1/T})) with T = 0.5
     assert term.loss(model, x, None, model.features(x), None).item() == pytest.approx(math.log(1 + math.exp(-4)))
     with torch.no_grad():
         model.body.weight.mul_(3.0)
     term.finish(model, client)
-    assert torch.equal(client.state["moon.previous.body.weight"], 3 * torch.eye(2))
+    assert torch.equal(client.term_state["moon"]["body.weight"], 3 * torch.eye(2)) and not client.state
 
 
 def test_moon_carries_the_clients_previous_model_across_rounds():
@@ -165,9 +165,8 @@ def test_moon_carries_the_clients_previous_model_across_rounds():
     model, term = TinyNet(), Moon(Moon.Params(mu=0.5, temperature=0.5, projection=0))
     glob = _state(model, **{"body.weight": torch.eye(2)})
     client = _client()
-    other = torch.tensor([7.0])                                        # another term's state stays
-    earlier = _state(model, **{"body.weight": quarter})
-    client.state = {"other.c": other, **{f"moon.previous.{k}": v for k, v in earlier.items()}}
+    other = torch.tensor([7.0])                          # the algorithm's and another term's state stay
+    client.state, client.term_state = {"c": other}, {"other": {"c": other}, "moon": _state(model, **{"body.weight": quarter})}
     x = torch.tensor([[1.0, 2.0], [-3.0, 0.5]])
     model.load_state_dict(glob)
     term.start(model, client, 3, {"model": glob})
@@ -176,7 +175,8 @@ def test_moon_carries_the_clients_previous_model_across_rounds():
     with torch.no_grad():
         model.body.weight.copy_(-torch.eye(2))                        # what local training left
     term.finish(model, client)
-    assert torch.equal(client.state["moon.previous.body.weight"], -torch.eye(2)) and client.state["other.c"] is other
+    assert torch.equal(client.term_state["moon"]["body.weight"], -torch.eye(2))
+    assert client.state == {"c": other} and client.term_state["other"] == {"c": other}
     model.load_state_dict(glob)
     term.start(model, client, 5, {"model": glob})
     # cos(z, z_prev) = -1 now: mu * log(1 + e^{-2/T}), neither the stale previous model's value nor log 2
@@ -332,7 +332,7 @@ def _moon_net(bias, sign=1.0):
 def test_moon_contrasts_the_projected_representation():
     model, client = _moon_net([0.0, 1.0]), _client()
     term = Moon(Moon.Params(mu=0.5, temperature=0.5, projection=2))
-    client.state = {f"moon.previous.{k}": v for k, v in _state(_moon_net([0.0, 1.0], sign=-1.0)).items()}
+    client.term_state = {"moon": _state(_moon_net([0.0, 1.0], sign=-1.0))}
     term.start(model, client, 1, {"model": _state(_moon_net([1.0, -4.0]))})
     x = torch.tensor([[1.0, -2.0]])              # h = x; relu(h) = [1, 0]
     # z = [1, 3] + [0, 1] = [1, 4]; z_glob = [1, 3] + [1, -4] = [2, -1]; z_prev = -z. The features of all

@@ -57,7 +57,8 @@ class Client:
     y: torch.Tensor
     class_counts: np.ndarray
     architecture: str = ""                              # its model (model.architectures), on heterogeneous runs
-    state: Tensors = field(default_factory=dict)       # kept on CPU between rounds
+    state: Tensors = field(default_factory=dict)       # the algorithm's own (and "bn." for model.batchnorm = "local")
+    term_state: dict[str, Tensors] = field(default_factory=dict)   # each loss term's own, under its name (Term.state)
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
     test_set: tuple[torch.Tensor, torch.Tensor] | None = None     # the global test set, if the algorithm asks
     shared: tuple[torch.Tensor, torch.Tensor] | None = None       # FedKA's shared set S, one sample per class
@@ -65,6 +66,16 @@ class Client:
     @property
     def num_samples(self) -> int:
         return int(self.y.shape[0])
+
+    def kept(self) -> dict[str, Tensors]:
+        """Everything the client keeps from round to round, by owner: the algorithm's state under "",
+        each term's under the term's name. The worker holds it on the CPU between rounds."""
+        return {"": self.state, **{name: state for name, state in self.term_state.items() if state}}
+
+    def keep(self, kept: dict[str, Tensors]) -> None:
+        """Take back what `kept()` returned (moved, restored from a checkpoint)."""
+        self.state = dict(kept.get("", {}))
+        self.term_state = {name: dict(state) for name, state in kept.items() if name}
 
 
 @dataclass(frozen=True)

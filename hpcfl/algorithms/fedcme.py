@@ -78,13 +78,13 @@ def many_to_one(vectors: np.ndarray, cohort: list[int]) -> dict[int, int]:
 class FeatureAlignment(Term):
     """mu * sum_c ||mean of the batch's class-c features - global feature c||^2 (eq. 9), and the running
     per-class feature sums of training (eq. 5), kept in the client's state across the swap."""
-    name = "fa"
+    name, keeps_state = "fa", True
 
     def start(self, model, client, round, received):
         self.target, self.known = received[FEATURES]["anchors"], received[FEATURES]["known"] > 0
-        shape = self.target.shape
-        self.sums = client.state.get("fa.sums", torch.zeros(shape, dtype=torch.float64, device=self.target.device))
-        self.counts = client.state.get("fa.counts", torch.zeros(shape[0], dtype=torch.float64, device=self.target.device))
+        shape, kept = self.target.shape, self.state(client)
+        self.sums = kept.get("sums", torch.zeros(shape, dtype=torch.float64, device=self.target.device))
+        self.counts = kept.get("counts", torch.zeros(shape[0], dtype=torch.float64, device=self.target.device))
 
     def loss(self, model, x, y, features, logits):
         onehot = F.one_hot(y, self.target.shape[0]).to(features.dtype)
@@ -98,7 +98,7 @@ class FeatureAlignment(Term):
         return self.params.mu * ((means - self.target[aligned]) ** 2).sum()
 
     def finish(self, model, client):
-        client.state["fa.sums"], client.state["fa.counts"] = self.sums, self.counts
+        self.state(client).update(sums=self.sums, counts=self.counts)
 
 
 class FedCME(Swapping, FedAvg):
@@ -202,8 +202,9 @@ class FedCME(Swapping, FedAvg):
             load_state(model, {n[len(OWN):]: t for n, t in client.state.items() if n.startswith(OWN)})
             epochs = range(self.half, E)
         else:
-            for key in [k for k in client.state if k.startswith((OWN, "fa."))]:
+            for key in [k for k in client.state if k.startswith(OWN)]:
                 del client.state[key]
+            client.term_state.pop(self.alignment.name, None)
             self.start_from(model, client, self.received["model"])
             epochs = range(0, self.half) if phase.name == "first" else range(E)
         metrics = self.train(model, client, round, trainer, self.received, extra=(self.alignment,), epochs=epochs)
@@ -216,8 +217,8 @@ class FedCME(Swapping, FedAvg):
             total = steps + metrics["steps"]
             metrics = {"train_loss": (loss_steps + metrics["train_loss"] * metrics["steps"]) / max(total, 1),
                        "steps": total}
-        features = uniform_contribution(client.state.pop("fa.sums"), client.state.pop("fa.counts"),
-                                        self.received[FEATURES])
+        sums = client.term_state.pop(self.alignment.name)
+        features = uniform_contribution(sums["sums"], sums["counts"], self.received[FEATURES])
         for key in [k for k in client.state if k.startswith(OWN)]:
             del client.state[key]
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples)),

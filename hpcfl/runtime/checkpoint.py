@@ -5,7 +5,7 @@ Next to the result file `<run>.h5` sits `<run>.ckpt/round-<R>/` for a checkpoint
 R - 1 (so R rounds are done and the run resumes at round R):
 - `server.pt` (rank 0): the server state;
 - `shared.pt` (rank 0): the algorithm's cross-round state that every rank holds (FedMA's global widths);
-- `clients-rank<r>.pt` (every rank hosting clients): its clients' states by client id, and the
+- `clients-rank<r>.pt` (every rank hosting clients): its clients' kept states (Client.kept) by client id, and the
   rank's torch generator state;
 - `MANIFEST.json`, written last by rank 0 once every rank has reported its files and their SHA-256.
 Every file is written to a temporary name, flushed to disk and renamed; the directory is written

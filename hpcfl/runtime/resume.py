@@ -75,8 +75,12 @@ def restore(job, directory: Path, rounds: int, log) -> None:
         missing = sorted(set(job.worker.clients) - set(states))
         if missing:
             raise ResultsError(f"checkpoint {directory} has no state for clients {missing}: it belongs to another run")
-        for cid, state in states.items():
-            job.worker.clients[cid].state = state
+        for cid, kept in states.items():
+            if any(isinstance(value, torch.Tensor) for value in kept.values()):
+                raise ResultsError(f"checkpoint {directory} keeps client states as hpcfl 0.1 did (one flat table, "
+                                   "before loss terms had their own): resume it with hpcfl 0.1, or move the "
+                                   "checkpoint folder away to start the run again")
+            job.worker.clients[cid].keep(kept)
         if same:
             torch.set_rng_state(rngs[job.transport.rank])
     job.start_round = rounds
@@ -102,7 +106,7 @@ def control(job, round: int, fault: bool = False) -> tuple[bool, bool, bool]:
 
 def write_checkpoint(job, rounds: int, log) -> None:
     start = time.perf_counter()
-    clients = {cid: client.state for cid, client in job.worker.clients.items()} if job.worker else {}
+    clients = {cid: client.kept() for cid, client in job.worker.clients.items()} if job.worker else {}
     save(checkpoint_root(job.config.result_path), rounds, job.transport, job.server.state if job.server else None,
          job.algorithm.carried_state(), clients, job.config.run.checkpoint_keep)
     log(f"hpcfl: checkpoint after round {rounds} written in {time.perf_counter() - start:.2f} s")

@@ -46,23 +46,26 @@ class Worker:
         for cid in hosted:
             client = self.clients[cid]
             model = self.algorithm.client_model(client, self.models[client.architecture])
-            before = {k: v.clone() for k, v in client.state.items()} if self.drop_nonfinite else None
-            client.state = {k: v.to(self.device) for k, v in client.state.items()}
+            before = _moved(client.kept(), torch.clone) if self.drop_nonfinite else None
+            client.keep(_moved(client.kept(), lambda t: t.to(self.device)))
             received = downlink if replies is None else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}}
             try:
                 contributions, metrics = self.client_update(phase, round, client, received, model, trainer)
             except Exception as err:
                 err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
-            client.state = {k: v.detach().cpu() for k, v in client.state.items()}
-            if self.moving and client.state:
+            client.keep(_moved(client.kept(), lambda t: t.detach().cpu()))
+            kept = sorted(f"{owner or 'algorithm'}: {key}" for owner, state in client.kept().items() for key in state)
+            if self.moving and kept:
                 raise HpcflError(f"algorithm '{self.algorithm.name}' declares stateless clients, but client {cid} "
-                                 f"kept {sorted(client.state)[:3]}: its class must not set `stateless`")
+                                 f"kept {kept[:3]}: its class must not set `stateless`, nor a term it uses leave "
+                                 "keeps_state unset")
             if not _finite(contributions, metrics):            # left out of the sums; the server decides
                 rows[cid, metric_names.index("nonfinite")] = 1.0
                 if "train_loss" in metrics:
                     rows[cid, metric_names.index("train_loss")] = metrics["train_loss"]
-                client.state = before if before is not None else client.state
+                if before is not None:
+                    client.keep(before)
                 continue
             for name, (tensors, weight) in contributions.items():
                 phase.uplink[name].add_into(sums[name], tensors, weight)
@@ -111,7 +114,8 @@ class Worker:
 
     def client_state_bytes(self) -> int:
         """Memory held by the hosted clients' persistent state (on the CPU between rounds)."""
-        return sum(t.numel() * t.element_size() for c in self.clients.values() for t in c.state.values())
+        return sum(t.numel() * t.element_size() for c in self.clients.values() for state in c.kept().values()
+                   for t in state.values())
 
 
 def _zeros(n: int, device) -> torch.Tensor:
@@ -132,3 +136,8 @@ def _finite(contributions: dict, metrics: dict) -> bool:
             for t in (*tensors.values(), torch.as_tensor(weight, dtype=torch.float64))]
     device = next((s.device for s in sums if s.device.type != "cpu"), torch.device("cpu"))   # where the model is
     return bool(torch.stack([s.to(device) for s in sums]).isfinite().all()) if sums else True
+
+
+def _moved(kept: dict[str, dict], move) -> dict[str, dict]:
+    """A client's kept state (Client.kept) with `move` applied to every tensor."""
+    return {owner: {key: move(t) for key, t in state.items()} for owner, state in kept.items()}

@@ -24,7 +24,7 @@ class Term:
 
     needs_anchors: ClassVar[bool] = False
     needs_shared: ClassVar[bool] = False   # the run's shared set S (one sample per class) as client.shared
-    keeps_state: ClassVar[bool] = False    # `finish` writes client.state, so the client stays on one worker
+    keeps_state: ClassVar[bool] = False    # `finish` writes `state(client)`, so the client stays on one worker
     seed: int = 0                          # the run's seed, for terms that draw per (round, client)
     views: ClassVar[int] = 1       # 2: the trainer makes two augmented views of each batch (SupCon), and
                                    # `loss` gets their features as N x 2 x d (view 1 is what the task loss sees)
@@ -47,6 +47,11 @@ class Term:
 
     def finish(self, model: nn.Module, client) -> None:
         """After local training: update the client's state."""
+
+    def state(self, client) -> Tensors:
+        """This term's own part of the client's persistent state (a term that writes it declares
+        keeps_state); no other term or the algorithm sees its keys."""
+        return client.term_state.setdefault(self.name, {})
 
 
 Regularizer = Term      # its name until 0.1, accepted until the next release

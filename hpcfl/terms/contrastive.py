@@ -77,7 +77,7 @@ class Moon(Term):
         if self.params.projection and not isinstance(model.classifier, ProjectedClassifier):
             raise HpcflError("moon: the model has no projection head; build it with hpcfl.runtime.build.build_models "
                              "(or Moon.adapt), or set projection = 0")
-        previous = {k[len("moon.previous."):]: v for k, v in client.state.items() if k.startswith("moon.previous.")}
+        previous = self.state(client)
         self.global_model.load(model, received["model"])
         self.previous_model.load(model, previous or received["model"])
 
@@ -96,7 +96,7 @@ class Moon(Term):
         return self.params.mu * (torch.logaddexp(positive, negative) - positive).mean()
 
     def finish(self, model, client):
-        client.state.update({f"moon.previous.{k}": v.detach().clone() for k, v in model.state_dict().items()})
+        self.state(client).update({k: v.detach().clone() for k, v in model.state_dict().items()})
 
 
 class SupCon(Term):

@@ -70,11 +70,11 @@ def test_feature_alignment_matches_equation_9_and_accumulates_features():
     # class 3 has one but is not in the batch (no 0/0 mean)
     assert term.loss(None, None, LABELS_BATCH, FEATURES_BATCH, None).item() == pytest.approx(0.5 * 9.0)
     term.finish(None, me)
-    assert torch.equal(me.state["fa.counts"], torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=torch.float64))
-    assert torch.equal(me.state["fa.sums"][2], torch.tensor([1.0, 1.0], dtype=torch.float64))
+    assert torch.equal(me.term_state["fa"]["counts"], torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=torch.float64))
+    assert torch.equal(me.term_state["fa"]["sums"][2], torch.tensor([1.0, 1.0], dtype=torch.float64))
     term.start(None, me, 0, {FEATURES: {"anchors": torch.zeros(4, 2), "known": torch.zeros(4)}})
     assert term.loss(None, None, LABELS_BATCH, FEATURES_BATCH, None) is None      # nothing known: no term
-    assert me.state["fa.counts"].tolist() == [4.0, 2.0, 2.0, 0.0]                # after the swap: summed on
+    assert me.term_state["fa"]["counts"].tolist() == [4.0, 2.0, 2.0, 0.0]                # after the swap: summed on
 
 
 def test_mu_0_adds_no_term_but_still_collects_the_local_features():
@@ -82,7 +82,8 @@ def test_mu_0_adds_no_term_but_still_collects_the_local_features():
     term, me = _alignment(0.0, [1.0, 1.0, 1.0, 1.0])
     assert term.loss(None, None, LABELS_BATCH, FEATURES_BATCH, None) is None
     term.finish(None, me)
-    assert me.state["fa.counts"].tolist() == [2.0, 1.0, 1.0, 0.0]
+    assert me.term_state["fa"]["counts"].tolist() == [2.0, 1.0, 1.0, 0.0]
+    assert set(me.kept()) == {"", "fa"} and not me.state        # its own namespace, not the algorithm's
 
 
 class Two(nn.Module):
@@ -253,9 +254,9 @@ def _round(server, side, clients, state, round, trainer):
 def _stale():
     """What a client dropped for a non-finite second half keeps (train.on_nonfinite = "drop" gives it
     back its state of before that phase): the next round it is sampled must not see any of it."""
-    return {OWN + "#loss": torch.tensor([50.0, 1.0]), OWN + "classifier.bias": torch.full((3,), 9.0),
-            "fa.sums": torch.full((3, 2), 9.0, dtype=torch.float64),
-            "fa.counts": torch.full((3,), 9.0, dtype=torch.float64)}
+    return {"": {OWN + "#loss": torch.tensor([50.0, 1.0]), OWN + "classifier.bias": torch.full((3,), 9.0)},
+            "fa": {"sums": torch.full((3, 2), 9.0, dtype=torch.float64),
+                   "counts": torch.full((3,), 9.0, dtype=torch.float64)}}
 
 
 def _sent(update):
@@ -274,7 +275,7 @@ def test_two_rounds_by_hand_the_evaluation_vectors_and_features_of_round_0_drive
     server, side, state = _fedcme({})
     clients, trainer = _clients(), EpochTrainer()
     assert state[f"{EVALUATION}.vectors"].tolist() == [[1.0] * 3] * 6            # never evaluated
-    clients[3].state = _stale()                                  # the numbers below are a clean start's
+    clients[3].keep(_stale())                                    # the numbers below are a clean start's
     assert [p.name for p in server.plan(0)] == ["first", "swap", "second"]
 
     # round 0, cohort 0..4: all vectors tie, so pairs in cohort order (0, 1), (2, 3); 4 trains alone
@@ -290,7 +291,7 @@ def test_two_rounds_by_hand_the_evaluation_vectors_and_features_of_round_0_drive
         (2.0, 3.0, [1.0, 2.0, 0.0], 3.0), (4.0, 3.0, [2.0, 1.0, 0.0], 2.0), (6.0, 7.0, [2.0, 0.0, 1.0], 4.0),
         (8.0, 7.0, [1.0, 0.0, 2.0], 3.0), (10.0, 10.0, [0.0, 3.0, 0.0], 1.0)]
     assert all(out["second"][k][1] == {"train_loss": (1.0 * 2 + 2.0 * 2) / 4, "steps": 4.0} for k in range(5))
-    assert all(clients[k].state == {} for k in range(6))         # nothing of the round is kept
+    assert all(clients[k].kept() == {"": {}} for k in range(6))  # nothing of the round is kept
     assert [trainer.losses(0, k) for k in range(5)] == [[[None], [None]]] * 5     # no global feature yet
     # FedAvg over 3 + 2 + 4 + 3 + 1 = 13 samples
     assert _close(state["model.body.weight"], [[1.0], [0.0]]) and _close(state["model.body.bias"], [0.0, 72 / 13])
@@ -342,7 +343,7 @@ def test_ablations_swap_what_they_name_with_whom_they_match(params, phases, swap
     clients 0..4, and class 0's global feature (the features follow the extractor that trained)."""
     server, side, state = _fedcme(params)
     clients, trainer = _clients(), EpochTrainer()
-    clients[2].state = _stale()                                  # as in the test above
+    clients[2].keep(_stale())                                    # as in the test above
     plan = server.plan(0)
     assert [p.name for p in plan] == phases
     assert swapped is None or list(plan[1].exchange.names) == swapped

@@ -43,19 +43,21 @@ def test_a_term_or_batchnorm_that_keeps_client_state_pins_the_clients():
         job("fedavg", "per_round", model={"batchnorm": "local"})
 
 
-def test_a_worker_refuses_client_state_from_an_algorithm_that_claims_none():
+@pytest.mark.parametrize("owner", ["algorithm", "a term"])
+def test_a_worker_refuses_client_state_from_an_algorithm_that_claims_none(owner):
     algo = make("fedavg", Scalar())
     phase = algo.plan(0)[0]
     update = algo.client_update
 
-    def keeping(phase, round, me, downlink, model, trainer):
-        me.state["kept"] = model.w.detach().clone()           # what a stateful algorithm does
+    def keeping(phase, round, me, downlink, model, trainer):      # what a stateful algorithm or term does
+        kept = me.state if owner == "algorithm" else me.term_state.setdefault("a term", {})
+        kept["kept"] = model.w.detach().clone()
         return update(phase, round, me, downlink, model, trainer)
 
     algo.client_update = keeping
     worker = Worker(algo, {0: client(0)}, {"": Scalar()}, StepTrainer(shift=1.0), "cpu", 2, 10, moving=True)
     rows = np.zeros((4, len(CLIENT_METRICS)))
-    with pytest.raises(HpcflError, match="client 0 kept \\['kept'\\]"):
+    with pytest.raises(HpcflError, match=f"client 0 kept \\['{owner}: kept'\\]"):
         worker.run_phase(phase, 0, [0], {"model": algo.global_state(algo.init_server_state(Scalar()))}, rows,
                          CLIENT_METRICS)
     worker.moving = False                                      # pinned clients may keep what they like

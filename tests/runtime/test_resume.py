@@ -1,6 +1,8 @@
 """Checkpoint and resume: a run stopped by a signal, or killed, and started again gives exactly the
 metrics of the uninterrupted run, on 1 process and on 3 ranks; a damaged newest checkpoint falls
 back to the one before it; a checkpoint that holds more than tensors is refused, not run."""
+import hashlib
+import io
 import json
 import os
 import pickle
@@ -10,6 +12,7 @@ import sys
 
 import h5py
 import pytest
+import torch
 from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
 
 from hpcfl.jobs import load_job
@@ -41,7 +44,8 @@ def _interrupt(job, tmp_path, name, after_round: int, sig) -> int:
     return proc.wait(timeout=120)
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedma"])      # fedma: global widths carried over
+# scaffold: client state; moon: a loss term's client state; fedma: global widths carried over
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "moon", "fedma"])
 def test_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path, capsys):
     job = _job(tmp_path, algorithm)
     assert main(_args(job, tmp_path, "full")) == 0
@@ -106,18 +110,33 @@ def test_a_checkpoint_holding_more_than_tensors_is_refused_not_run(tmp_path, cap
     monkeypatch.chdir(tmp_path)
     job = _job(tmp_path)
     assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
-    newest = sorted(checkpoint_root(tmp_path / "results" / "resume" / "cut.h5").glob("round-*"))[-1]
-    data = pickle.dumps({"model.conv.0.weight": _Exploit()})
-    (newest / "server.pt").write_bytes(data)
-    manifest = (newest / MANIFEST).read_text()
-    import hashlib
-    import json
-    files = json.loads(manifest)
-    files["files"]["server.pt"] = hashlib.sha256(data).hexdigest()          # even with a matching checksum
-    (newest / MANIFEST).write_text(json.dumps(files))
+    _replace_in_checkpoint(tmp_path, "server.pt", pickle.dumps({"model.conv.0.weight": _Exploit()}))
     assert main(_args(job, tmp_path, "cut")) == 2
     assert "holds more than tensors" in capsys.readouterr().err
     assert not (tmp_path / "exploited").exists()
+
+
+def _replace_in_checkpoint(tmp_path, name: str, data: bytes) -> None:
+    """Put `data` in the newest checkpoint as file `name`, with a matching checksum in its manifest."""
+    newest = sorted(checkpoint_root(tmp_path / "results" / "resume" / "cut.h5").glob("round-*"))[-1]
+    (newest / name).write_bytes(data)
+    files = json.loads((newest / MANIFEST).read_text())
+    files["files"][name] = hashlib.sha256(data).hexdigest()
+    (newest / MANIFEST).write_text(json.dumps(files))
+
+
+def test_client_states_in_the_flat_table_of_hpcfl_0_1_are_refused_with_the_fix(tmp_path, capsys):
+    job = _job(tmp_path)
+    assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
+    newest = sorted(checkpoint_root(tmp_path / "results" / "resume" / "cut.h5").glob("round-*"))[-1]
+    part = torch.load(newest / "clients-rank0.pt", weights_only=True)
+    assert part["clients"] and all(set(kept) == {""} for kept in part["clients"].values())    # scaffold's own only
+    part["clients"] = {cid: kept[""] for cid, kept in part["clients"].items()}                # as 0.1 wrote them
+    buffer = io.BytesIO()
+    torch.save(part, buffer)
+    _replace_in_checkpoint(tmp_path, "clients-rank0.pt", buffer.getvalue())
+    assert main(_args(job, tmp_path, "cut")) == 2
+    assert "as hpcfl 0.1 did" in capsys.readouterr().err
 
 
 def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys):
