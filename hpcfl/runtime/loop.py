@@ -13,6 +13,7 @@ from hpcfl.runtime.build import Job
 from hpcfl.runtime.memory import reset_peak
 from hpcfl.runtime.report import CLIENT_METRICS, forgetting, gather_report, record, split_report
 from hpcfl.runtime.resume import control, write_checkpoint
+from hpcfl.transport import Traffic
 
 
 @dataclass
@@ -24,13 +25,8 @@ class Round:
     hosted: list[int]                     # the sampled clients this rank trains
     rows: np.ndarray                      # client x CLIENT_METRICS, filled by the rank that trained each client
     class_rows: np.ndarray | None         # client x class accuracies of the trained models (eval.forgetting)
-    traffic: dict = field(default_factory=lambda: {"down": {}, "up": {}, "exchange": {}})
+    traffic: Traffic                      # its FL bytes, and the wire bytes the transport counts
     phase_s: dict = field(default_factory=dict)
-
-    def count(self, direction: str, name: str, elements: int) -> None:
-        """FL bytes: what clients would send and receive (float32 elements), the same on 1 or N ranks;
-        the bytes MPI really moved are the ranks' wire figures in the report."""
-        self.traffic[direction][name] = self.traffic[direction].get(name, 0) + 4 * elements
 
 
 def run(job: Job, log=print) -> bool:
@@ -54,7 +50,8 @@ def run(job: Job, log=print) -> bool:
         this = Round(number, cohort, hosts,
                      sorted(c for c in cohort if hosts[c] == transport.rank) if job.worker else [],
                      np.zeros((cfg.data.num_clients, len(CLIENT_METRICS))),
-                     np.zeros((cfg.data.num_clients, job.num_classes)) if cfg.eval.forgetting else None)
+                     np.zeros((cfg.data.num_clients, job.num_classes)) if cfg.eval.forgetting else None,
+                     transport.stats)
         if cfg.eval.forgetting and job.server:        # the model this round starts from, tested once
             tested = evaluation.get("class/test_acc")          # the last round's evaluation, if it had one
             start_acc = tested if tested is not None else job.server.evaluate()["class_acc"]
@@ -69,11 +66,11 @@ def run(job: Job, log=print) -> bool:
             evaluation.update({f"round/{k}": v for k, v in job.algorithm.server_metrics(job.server.state).items()})
         # 4. the report
         rows = this.rows if this.class_rows is None else np.concatenate([this.rows, this.class_rows], axis=1)
-        report = gather_report(job, rows, this.hosted)
+        report = gather_report(job, rows, this.hosted, transport.take_stats())
         if job.server:
             if start_acc is not None:
                 evaluation.update(forgetting(job, cohort, report, start_acc))
-            record(job, number, hosts, report, evaluation, this.phase_s, this.traffic, time.perf_counter() - start, log)
+            record(job, number, hosts, report, evaluation, this.phase_s, this.traffic.fl, time.perf_counter() - start, log)
         # 5. NaN/Inf, checkpoint, stop
         faulty = _nonfinite(job, number, cohort, report, log) if job.server else []
         save, stop, fault = control(job, number, bool(faulty) and cfg.train.on_nonfinite == "stop")
@@ -109,13 +106,13 @@ def _train(job: Job, phase: Phase, this: Round, downlink: dict | None = None, re
     packed = job.server.downlink(phase, this.number) if job.server else {}
     for name, layout in phase.downlink.items():
         downlink[name] = layout.unpack(torch.from_numpy(transport.broadcast(name, packed.get(name))).to(device))
-        this.count("down", name, layout.numel * len(this.cohort))
+        this.traffic.count("down", name, layout.numel * len(this.cohort))
     sums = (job.worker.run_phase(phase, this.number, this.hosted, downlink, this.rows, CLIENT_METRICS,
                                  this.class_rows, replies)
             if job.worker else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
     reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
     for name, layout in phase.uplink.items():
-        this.count("up", name, layout.numel * len(this.cohort))
+        this.traffic.count("up", name, layout.numel * len(this.cohort))
     if job.server and phase.uplink:
         job.server.aggregate(phase, this.number, reduced)
 
@@ -124,7 +121,7 @@ def _swap(job: Job, phase: SwapPhase, this: Round) -> None:
     """A swap phase: the hosted clients' tensors go to their receivers (point to point across ranks)."""
     if job.worker:
         job.worker.exchange(phase, this.number, this.hosted, job.transport)
-    this.count("exchange", phase.name, phase.exchange.numel * len(job.algorithm.exchange_sources(this.number)))
+    this.traffic.count("exchange", phase.name, phase.exchange.numel * len(job.algorithm.exchange_sources(this.number)))
 
 
 def _match(job: Job, phase: MatchPhase, this: Round) -> None:
@@ -137,8 +134,8 @@ def _match(job: Job, phase: MatchPhase, this: Round) -> None:
     shared = transport.broadcast(phase.name, shared)
     mine = transport.scatter(phase.name, replies, this.hosted)
     if job.server:                      # what each client sends and receives, as for every payload
-        this.count("up", phase.name, sum(v.size for v in gathered.values()))
-        this.count("down", phase.name, shared.size * len(this.cohort) + sum(v.size for v in replies.values()))
+        this.traffic.count("up", phase.name, sum(v.size for v in gathered.values()))
+        this.traffic.count("down", phase.name, shared.size * len(this.cohort) + sum(v.size for v in replies.values()))
     _train(job, phase, this, {MATCHED: {"global": torch.from_numpy(np.asarray(shared)).to(device)}},
            {c: torch.from_numpy(np.asarray(r)).to(device) for c, r in mine.items()})
 

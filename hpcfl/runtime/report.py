@@ -8,6 +8,7 @@ of a ranks x figures matrix; both go up in the round's one `report` reduce.
 import numpy as np
 
 from hpcfl.runtime.memory import peak_bytes
+from hpcfl.transport import Traffic
 
 CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "test_acc", "nonfinite", "num_samples")
 RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes", "client_state_bytes",
@@ -39,12 +40,11 @@ def forgetting(job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) 
             "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
 
 
-def gather_report(job, rows: np.ndarray, hosted: list[int]) -> np.ndarray | None:
-    """Sum clients' metric rows and each rank's RANK_METRICS onto the server."""
+def gather_report(job, rows: np.ndarray, hosted: list[int], stats: Traffic) -> np.ndarray | None:
+    """Sum clients' metric rows and each rank's RANK_METRICS (`stats`: its round's traffic) onto the server."""
     transport = job.transport
     for cid in hosted:                  # the rank that trained a client this round gives its size
         rows[cid, CLIENT_METRICS.index("num_samples")] = job.worker.clients[cid].num_samples
-    stats = transport.take_stats()
     ranks = np.zeros((transport.size, len(RANK_METRICS)))
     compute = sum(part.compute_s for part in (job.worker, job.server) if part)
     state = job.worker.client_state_bytes() if job.worker else 0

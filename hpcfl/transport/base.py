@@ -18,12 +18,22 @@ import numpy as np
 
 
 @dataclass
-class TransportStats:
-    """What this rank moved and waited for since the last `take_stats`."""
+class Traffic:
+    """What this rank's round moved, in the two measures a result file holds, and how long it waited
+    (since the last `take_stats`):
+    - FL bytes (`fl`, counted by the round loop): what clients would send and receive as float32, by
+      direction and payload, the same on 1 or N ranks (round/bytes_<direction>/<payload>);
+    - wire bytes (`sent`, `received`, counted by the transport): what this rank really moved
+      (rank/wire_sent_bytes, rank/wire_received_bytes)."""
 
+    fl: dict[str, dict[str, int]] = field(default_factory=lambda: {"down": {}, "up": {}, "exchange": {}})
     sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))       # bytes by payload name
     received: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     wait_s: float = 0.0                                                           # blocked in collectives
+
+    def count(self, direction: str, name: str, elements: int) -> None:
+        """FL bytes of `elements` float32 values going `direction` ("down", "up", "exchange") as `name`."""
+        self.fl[direction][name] = self.fl[direction].get(name, 0) + 4 * elements
 
 
 class Transport(ABC):
@@ -34,14 +44,14 @@ class Transport(ABC):
 
     def __init__(self, client_rank: dict[int, int]):
         self.client_rank = dict(client_rank)      # client id -> its home rank (where it trains unless dealt per round)
-        self.stats = TransportStats()
+        self.stats = Traffic()
 
     @property
     def is_server(self) -> bool:
         return self.rank == 0
 
-    def take_stats(self) -> TransportStats:
-        stats, self.stats = self.stats, TransportStats()
+    def take_stats(self) -> Traffic:
+        stats, self.stats = self.stats, Traffic()
         return stats
 
     @abstractmethod
