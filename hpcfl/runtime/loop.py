@@ -32,7 +32,7 @@ class Round:
 def run(job: Job, log=print) -> bool:
     """The round loop, identical on every rank. Each round:
     1. its cohort (drawn up front) and the rank each sampled client trains on;
-    2. the algorithm's phases, each a train, swap or matching phase (`_phase`);
+    2. the algorithm's phases, each run by the step of its kind (STEPS: `_train`, `_swap`, `_match`);
     3. the server's evaluation of the global model (every eval.every rounds);
     4. one reduce of every client's metrics and every rank's figures; the server records them;
     5. the NaN/Inf verdict, a checkpoint when due, a stop when a rank was signalled.
@@ -58,7 +58,8 @@ def run(job: Job, log=print) -> bool:
         # 2. the phases
         for phase in job.algorithm.plan(number):
             phase_start = time.perf_counter()
-            _phase(job, phase, this)
+            step = next(STEPS[kind] for kind in type(phase).__mro__ if kind in STEPS)     # a subclass: its parent's
+            step(job, phase, this)
             this.phase_s[phase.name] = this.phase_s.get(phase.name, 0.0) + time.perf_counter() - phase_start
         # 3. evaluation
         evaluation = _evaluate(job, number)
@@ -89,12 +90,6 @@ def run(job: Job, log=print) -> bool:
         log(f"hpcfl: final global model's test features: NMI {quality['feature_nmi']:.4f}, "
             f"silhouette {quality['feature_silhouette']:.4f}")
     return True
-
-
-def _phase(job: Job, phase, this: Round) -> None:
-    """One phase, by its type (hpcfl.algorithms.phases), in the same collective order on every rank."""
-    step = next(STEPS[kind] for kind in type(phase).__mro__ if kind in STEPS)
-    step(job, phase, this)
 
 
 def _train(job: Job, phase: Phase, this: Round, downlink: dict | None = None, replies: dict | None = None) -> None:
@@ -140,7 +135,7 @@ def _match(job: Job, phase: MatchPhase, this: Round) -> None:
            {c: torch.from_numpy(np.asarray(r)).to(device) for c, r in mine.items()})
 
 
-STEPS = {Phase: _train, SwapPhase: _swap, MatchPhase: _match}      # a subclass takes its parent's step
+STEPS = {Phase: _train, SwapPhase: _swap, MatchPhase: _match}      # each kind of phase (hpcfl.algorithms.phases)
 
 
 def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray, log) -> list[int]:
