@@ -216,7 +216,7 @@ def _copy_tree(into: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache", "results", ".venv", ".git")
     for name in ("hpcfl", "tests", "jobs"):
         shutil.copytree(ROOT / name, target / name, ignore=ignore)
-    shutil.copy(ROOT / "pytest.ini", target)
+    shutil.copy(ROOT / "pyproject.toml", target)
     return target
 
 

@@ -9,7 +9,10 @@ on first use, so `import hpcfl` stays light and the analysis never pulls in the 
 """
 import importlib
 
-__version__ = "0.2.0"
+try:                                   # written by setuptools-scm when hpcfl is built or installed
+    from hpcfl._version import __commit__, __version__
+except ImportError:                    # a source tree never built (git_commit reads the checkout instead)
+    __version__, __commit__ = "0+unknown", ""
 
 # public name -> the module that defines it
 _EXPORTS = {

@@ -11,7 +11,7 @@
     python -m hpcfl.analyze curves RESULTS... --out FIG.png [--x round|bytes] [--metric ...]
     python -m hpcfl.analyze partition RUN.h5 --out FIG.png
 
-RESULTS are result files or folders (searched recursively). Runs are grouped by `--by` config keys
+`hpcfl analyze ...` is the same command. RESULTS are result files or folders (searched recursively). Runs are grouped by `--by` config keys
 (default: every key whose value differs between runs, seeds and keys that cannot change the numbers
 aside) and aggregated over seeds; e.g. `table --metric final/feature_nmi` is FedFM's Table IV.
 `table` gives the final value, the mean of the last k evaluations and, for runs with
@@ -37,8 +37,8 @@ NEEDS = {"table": (None, ()), "compare": (None, ()), "target": (None, ()), "curv
          "forgetting": (("client_class/forgetting", "partition"), ()), "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hpcfl.analyze", description=__doc__,
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name in NEEDS:
@@ -73,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
+    args = _parser(prog).parse_args(argv)
     if args.command == "partition":
         try:
             run = read_run(args.run, keys=["partition"])

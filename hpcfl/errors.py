@@ -1,4 +1,6 @@
 """The one error family of hpcfl: every message states the rule that was broken and the fix."""
+import textwrap
+from enum import IntEnum
 
 
 class HpcflError(Exception):
@@ -27,3 +29,30 @@ class PeerTimeout(HpcflError):
 
 class TrainingFault(HpcflError):
     """A client's loss or update went NaN/Inf and train.on_nonfinite = 'stop'."""
+
+
+class Exit(IntEnum):
+    """The exit status of every hpcfl command, defined here once (--help and the docs render it)."""
+    DONE = 0          # done, or the run was already complete
+    FAILED = 1        # a failure during training
+    BAD_INPUT = 2     # bad input, reported before any rank trains
+    RESUME = 3        # stopped at a checkpoint: run the same command again to resume
+
+
+EXIT_MEANING = {
+    Exit.DONE: "done (or the run was already complete)",
+    Exit.FAILED: "a failure during training: an exception, a rank silent for run.round_timeout_s (every rank is "
+                 "then stopped, so the job never hangs), or a NaN/Inf update with train.on_nonfinite = 'stop'",
+    Exit.BAD_INPUT: "bad input (job file, override, data, result path, a result file another run is writing), "
+                    "reported before any rank trains",
+    Exit.RESUME: "stopped at a checkpoint after SIGUSR1/SIGTERM: run the same command again to resume (the "
+                 "SLURM scripts requeue)",
+}
+
+
+def exit_help() -> str:
+    """The exit statuses as --help's epilog prints them."""
+    lines = [textwrap.fill(text, 100, initial_indent=f"  {int(code)}  ", subsequent_indent="     ")
+             for code, text in EXIT_MEANING.items()]
+    return "\n".join(["exit status:", *lines, "After an orderly end only rank 0 exits non-zero (mpiexec reports the "
+                      "bitwise OR of the ranks' codes)."])

@@ -13,7 +13,7 @@ def load_job(path: str | Path, overrides: list[str] = (), allow_sweep: bool = Fa
     [sweep] table is for hpcfl.sweep, which runs one of its points (`allow_sweep`)."""
     raw = read_job_file(path)
     if "sweep" in raw and not allow_sweep:
-        raise ConfigError(f"job file {path} defines a [sweep]: run one of its points with `python -m hpcfl.sweep "
+        raise ConfigError(f"job file {path} defines a [sweep]: run one of its points with `hpcfl sweep "
                           f"{path} --index I` (`--list` shows them)")
     raw.pop("sweep", None)
     return job_from_dict(apply_overrides(raw, list(overrides)))

@@ -1,12 +1,8 @@
-"""Run one federated-learning job: `[mpirun -np N] python -m hpcfl.launch JOB.toml [options]`.
+"""Run one federated-learning job: `[mpirun -np N] hpcfl run JOB.toml [options]` (or, the same,
+`python -m hpcfl.launch JOB.toml`).
 
 Without a launcher, one process is the server and hosts every client. Under mpirun/srun, rank 0
-is the server and ranks >= 1 host the clients. Exit status: 0 done (or already complete); 2 bad
-input (config, data, result path, a result file another run is writing: reported before any rank
-trains); 1 a failure during training: an exception, a rank silent for run.round_timeout_s (every rank
-is then stopped with MPI_Abort, so the job never hangs), or a non-finite client update with
-train.on_nonfinite = 'stop' (an orderly stop after recording the round); 3 stopped at a checkpoint
-after SIGUSR1/SIGTERM (run the same command again to resume; the SLURM scripts requeue). After an
+is the server and ranks >= 1 host the clients. The exit status is one of hpcfl.errors.Exit; after an
 orderly end only rank 0 exits non-zero, since mpiexec reports the bitwise OR of the ranks' codes.
 
 A run whose result file exists but is not complete resumes from its newest intact checkpoint.
@@ -20,24 +16,20 @@ import socket
 import sys
 import traceback
 
-from hpcfl.errors import HpcflError
+from hpcfl.errors import Exit, HpcflError, exit_help
 
 # Set by mpiexec (Hydra: PMI_*; Open MPI: OMPI_*; PMIx) or by srun for a step of several tasks.
 _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-EXIT_RESUME = 3
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)     # SLURM: --signal=B:USR1@..., and SIGTERM at the time limit
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
+    """The options of a run (`hpcfl run`, `hpcfl sweep --index` and this module take them)."""
     parser = argparse.ArgumentParser(
-        prog="python -m hpcfl.launch",
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=exit_help(),
         description="Run a federated-learning job described by a TOML job file (see jobs/). "
                     "Without mpirun one process does everything; with `mpirun -np N`, rank 0 is the "
-                    "server and ranks 1..N-1 host the clients. Same seed, same numbers, any N.",
-        epilog="Exit status: 0 done, 2 bad input (nothing trained), 1 failure during training (an "
-               "exception, a rank silent for run.round_timeout_s, a NaN/Inf update with "
-               "train.on_nonfinite = 'stop'), 3 stopped at a checkpoint after SIGUSR1/SIGTERM (run again "
-               "to resume).")
+                    "server and ranks 1..N-1 host the clients. Same seed, same numbers, any N.")
     parser.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any job-file key with a TOML value, e.g. --set train.lr=0.05 "
@@ -47,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "/usr/share/datasets where Debian's dataset-fashion-mnist installs)")
     parser.add_argument("--results-root", default=None, help="overrides run.results_root (default 'results')")
     parser.add_argument("--check", action="store_true", help="validate the job file, print it resolved, and exit")
-    return parser.parse_args(argv)
+    return parser
 
 
 def make_transport():
@@ -84,7 +76,7 @@ def _abort(transport, err: BaseException) -> None:
     release()
     if getattr(transport, "size", 1) > 1:
         transport.comm.Abort(1)
-    sys.exit(1)
+    sys.exit(Exit.FAILED)
 
 
 def _close(transport) -> None:
@@ -94,12 +86,12 @@ def _close(transport) -> None:
         transport.close()
 
 
-def main(argv=None, allow_sweep: bool = False) -> int:
+def main(argv=None, allow_sweep: bool = False, prog: str = "python -m hpcfl.launch") -> int:
     """`allow_sweep`: the job file may have a [sweep] table (hpcfl.sweep runs one of its points)."""
     from hpcfl.runtime.lock import release
 
     try:
-        return _main(parse_args(argv), allow_sweep)
+        return _main(parser(prog).parse_args(argv), allow_sweep)
     finally:
         release()
 
@@ -169,7 +161,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         config = load_job(args.job, overrides, allow_sweep=allow_sweep)
         if args.check:
             print(config.to_json())
-            return 0
+            return Exit.DONE
         transport, local_rank = make_transport()
         transport.timeout_s = config.run.round_timeout_s
         log = (lambda text: print(text, flush=True)) if transport.is_server else (lambda text: None)
@@ -178,22 +170,22 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         if transport is None or transport.is_server:
             print(f"hpcfl: {done}", flush=True)
         _close(transport)
-        return 0
+        return Exit.DONE
     except HpcflError as err:
         if transport is None or transport.is_server:
             sys.stderr.write(f"hpcfl: error: {err}\n")
         _close(transport)
-        return 2
+        return Exit.BAD_INPUT
     except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
         _abort(transport, err)
     STOP.clear()
     previous = {sig: signal.signal(sig, lambda *_: STOP.set()) for sig in STOP_SIGNALS}
-    status, code = "completed", 0
+    status, code = "completed", Exit.DONE
     try:
         if not run(job, log):
-            status, code = "interrupted", EXIT_RESUME
+            status, code = "interrupted", Exit.RESUME
     except TrainingFault as err:          # every rank stops after the same round: an orderly end
-        status, code = "failed", 1
+        status, code = "failed", Exit.FAILED
         log(f"hpcfl: error: {err}")
     except BaseException as err:          # noqa: BLE001 — any failure must end every rank
         if job.recorder:
@@ -206,7 +198,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     _finish(job, status, log)
     transport.close()
     # mpiexec returns the bitwise OR of the ranks' codes: after an orderly end only the server's counts.
-    return code if transport.is_server else 0
+    return code if transport.is_server else Exit.DONE
 
 
 if __name__ == "__main__":

@@ -15,18 +15,25 @@ job with those keys set, run.seed set, and run.name = `<run.name or "sweep">-<ar
 (so every point writes its own result file, and a re-submitted sweep skips the points already
 complete). Arms share seeds, so `analyze compare --baseline run.arm=FedAvg` pairs them:
 
-    python -m hpcfl.sweep JOB --list                       # the points, with their indices
-    [mpiexec] python -m hpcfl.sweep JOB [--index I] [hpcfl.launch options]
-                                                           # run point I (default $SLURM_ARRAY_TASK_ID)
+    hpcfl sweep JOB --list                       # the points, with their indices
+    [mpiexec] hpcfl sweep JOB [--index I] [run options]
+                                                 # run point I (default $SLURM_ARRAY_TASK_ID)
+    hpcfl sweep JOB --submit [--max-concurrent K] [run options] [-- sbatch options]
+                                                 # every point as one SLURM job array, --array=0-(N-1)%K
+
+(`python -m hpcfl.sweep` is the same command.)
 """
 import argparse
 import itertools
 import json
 import os
+import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 from hpcfl.config import read_job_file
-from hpcfl.errors import ConfigError
+from hpcfl.errors import ConfigError, Exit
 
 
 def toml_value(value) -> str:
@@ -86,30 +93,61 @@ def points(raw: dict) -> list[list[str]]:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpcfl.sweep", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("job")
     parser.add_argument("--list", action="store_true", help="print the points with their indices and exit")
     parser.add_argument("--index", type=int, default=None, help="the point to run (default: $SLURM_ARRAY_TASK_ID)")
-    args, launch_args = parser.parse_known_args(argv)
+    parser.add_argument("--submit", action="store_true", help="submit every point as one SLURM job array (sbatch)")
+    parser.add_argument("--max-concurrent", type=int, default=0, metavar="K",
+                        help="with --submit: at most K points run at once (--array=...%%K)")
+    parser.add_argument("--script", default=None, help="with --submit: the batch script (default: sweep.sbatch in "
+                                                       "$HPCFL_SLURM, else ./slurm)")
+    args, launch_args = parser.parse_known_args(argv[:split])
     try:
         todo = points(read_job_file(args.job))
     except ConfigError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
-        return 2
+        return Exit.BAD_INPUT
     if args.list:
         for i, overrides in enumerate(todo):
             print(f"{i}\t{' '.join(overrides)}")
-        return 0
+        return Exit.DONE
+    if args.submit:
+        return submit(args, len(todo), launch_args, argv[split + 1:])
     index = args.index if args.index is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
     if index is None or not 0 <= int(index) < len(todo):
         sys.stderr.write(f"hpcfl: error: pick a point 0..{len(todo) - 1} with --index (or run as a SLURM array task); "
                          f"--list shows them\n")
-        return 2
+        return Exit.BAD_INPUT
     from hpcfl.launch import main as launch
 
-    return launch([args.job, *(a for o in todo[int(index)] for a in ("--set", o)), *launch_args], allow_sweep=True)
+    return launch([args.job, *(a for o in todo[int(index)] for a in ("--set", o)), *launch_args], allow_sweep=True,
+                  prog=prog)
+
+
+def submit(args, count: int, launch_args: list[str], sbatch_args: list[str]) -> int:
+    """`sbatch --array=0-(count-1)[%K] [sbatch options] SCRIPT JOB [run options]`, printed, then run."""
+    folder = Path(os.environ.get("HPCFL_SLURM") or "slurm")
+    script = Path(args.script) if args.script else folder / "sweep.sbatch"
+    if not script.is_file():
+        sys.stderr.write(f"hpcfl: error: batch script {script} does not exist: pass --script PATH (hpcfl's "
+                         "slurm/sweep.sbatch) or set $HPCFL_SLURM to the folder holding it\n")
+        return Exit.BAD_INPUT
+    if args.max_concurrent < 0:
+        sys.stderr.write(f"hpcfl: error: --max-concurrent {args.max_concurrent} must be >= 1 (0: no limit)\n")
+        return Exit.BAD_INPUT
+    array = f"--array=0-{count - 1}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
+    command = ["sbatch", array, *sbatch_args, str(script), args.job, *launch_args]
+    print(f"hpcfl: {count} points: {shlex.join(command)}", flush=True)
+    env = {**os.environ, "HPCFL_SLURM": str(script.resolve().parent)}     # where the script finds site.sh
+    try:
+        return subprocess.run(command, env=env).returncode
+    except FileNotFoundError:
+        sys.stderr.write("hpcfl: error: sbatch is not on PATH: submit from a SLURM login node\n")
+        return Exit.BAD_INPUT
 
 
 if __name__ == "__main__":

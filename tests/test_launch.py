@@ -113,7 +113,7 @@ def test_bad_config_exits_2_naming_the_key(tiny_job, tmp_path):
 def test_help_documents_the_options():
     result = launch("--help")
     assert result.returncode == 0
-    for option in ("--set", "--data-root", "--results-root", "--check", "Exit status"):
+    for option in ("--set", "--data-root", "--results-root", "--check", "exit status:"):
         assert option in result.stdout
 
 

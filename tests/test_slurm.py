@@ -96,3 +96,16 @@ def test_srun_without_an_mpi_plugin_is_refused_with_the_fix(cluster, tmp_path):
     text = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert "srun ran without an MPI plugin" in text and "--mpi=pmi2" in text
     assert not (tmp_path / "results").exists()
+
+
+def test_hpcfl_sweep_submit_sizes_the_job_array_itself(cluster, tmp_path):
+    job = tmp_path / "sweep.toml"
+    job.write_text(JOB.replace("rounds = 6", "rounds = 2") + '[sweep]\ngrid = { "train.lr" = [0.05, 0.1] }\n')
+    out = subprocess.run([sys.executable, "-m", "hpcfl.cli", "sweep", str(job), "--submit", "--max-concurrent", "1",
+                          "--script", str(SLURM / "sweep.sbatch"), "--results-root", str(tmp_path / "results"), "--",
+                          "--wait", "-n", "3", "-o", str(tmp_path / "slurm-%A_%a.out")],
+                         env=cluster, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "hpcfl: 2 points: sbatch --array=0-1%1 --wait" in out.stdout
+    for name in ("sweep-0.05-seed0", "sweep-0.1-seed0"):
+        assert read_run(tmp_path / "results" / "slurm" / f"{name}.h5").attrs["status"] == "completed"

@@ -67,7 +67,7 @@ def test_bad_sweeps_and_direct_launches_are_refused_by_name(job, tmp_path, capsy
     assert main([str(job), "--index", "8"]) == 2
     assert "0..7" in capsys.readouterr().err
     assert launch([str(job)]) == 2
-    assert "python -m hpcfl.sweep" in capsys.readouterr().err
+    assert "`hpcfl sweep " in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text(SWEEP.replace('seeds = [0, 1]', 'seeds = "0"'))
     assert main([str(bad), "--list"]) == 2

@@ -16,13 +16,21 @@ def _version(package: str) -> str:
 
 
 def git_commit() -> str:
-    """The commit of the hpcfl checkout in use ('unknown' for an installed copy)."""
+    """The commit of the hpcfl in use: the checkout's HEAD when it runs from one (with "-dirty" for
+    uncommitted changes to tracked files), else the commit it was built from (hpcfl.__commit__,
+    recorded by setuptools-scm at install), else 'unknown'."""
+    built = hpcfl.__commit__.removeprefix("g") or "unknown"
+    here = str(Path(hpcfl.__file__).parent)
     try:
-        out = subprocess.run(["git", "-C", str(Path(hpcfl.__file__).parent), "rev-parse", "HEAD"],
-                             capture_output=True, text=True, timeout=5)
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel", "HEAD"],
+                              capture_output=True, text=True, timeout=5)
+        if head.returncode != 0 or Path(head.stdout.split()[0]).resolve() != Path(here).resolve().parent:
+            return built                            # not a checkout of hpcfl (an install inside another repo)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
+        return built
+    return head.stdout.split()[1] + ("-dirty" if dirty else "")
 
 
 def run_attributes(config: JobConfig, reports: list[dict]) -> dict:

@@ -54,7 +54,7 @@ class Term:
         return client.term_state.setdefault(self.name, {})
 
 
-Regularizer = Term      # its name until 0.1, accepted until the next release
+Regularizer = Term      # its name in 0.1, accepted until the next release
 
 
 class Frozen:

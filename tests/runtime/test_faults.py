@@ -14,7 +14,8 @@ import pytest
 
 from helpers import FAULT_LAUNCHER, MPIRUN, assert_same_metrics, launch, run_metrics
 from hpcfl.errors import ResultsError
-from hpcfl.launch import EXIT_RESUME, main
+from hpcfl.errors import Exit
+from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.runtime.lock import claim, lock_path, release
 
@@ -163,7 +164,7 @@ def test_a_signal_to_mpirun_checkpoints_and_exits_with_the_resumable_code(sig, t
     for line in proc.stdout:
         if line.startswith("round    2/"):
             proc.send_signal(sig)
-    assert proc.wait(timeout=120) == EXIT_RESUME               # only rank 0 exits non-zero: mpiexec ORs the codes
+    assert proc.wait(timeout=120) == Exit.RESUME               # only rank 0 exits non-zero: mpiexec ORs the codes
     run = read_run(tmp_path / RESULT)
     assert run.attrs["status"] == "interrupted" and 2 <= run.rounds < 30
     assert not lock_path(tmp_path / RESULT).exists()

@@ -1,0 +1,68 @@
+"""The `hpcfl` command (a console script, pyproject.toml), one subcommand per task:
+
+    hpcfl run JOB [--set KEY=VALUE ...]     run a job; [mpirun -np N | srun --mpi=pmi2] hpcfl run JOB on N ranks
+    hpcfl check JOB [--set KEY=VALUE ...]   validate a job file, print it resolved, train nothing
+    hpcfl sweep JOB --list | --index I | --submit [--max-concurrent K] [-- sbatch options]
+                                            a sweep's points: list them, run one, or submit all as a job array
+    hpcfl status RESULTS... [--sweep JOB]   complete / running / interrupted / failed / missing, with rounds
+    hpcfl analyze COMMAND RESULTS...        the papers' tables and figures from result files
+
+`hpcfl COMMAND -h` tells more. `python -m hpcfl.launch` (run), `python -m hpcfl.sweep` and
+`python -m hpcfl.analyze` are the same commands.
+"""
+import sys
+
+import hpcfl
+from hpcfl.errors import Exit, exit_help
+
+
+def _run(argv):
+    from hpcfl.launch import main
+
+    return main(argv, prog="hpcfl run")
+
+
+def _check(argv):
+    from hpcfl.launch import main
+
+    return main([*argv, "--check"], prog="hpcfl check")
+
+
+def _sweep(argv):
+    from hpcfl.sweep import main
+
+    return main(argv, prog="hpcfl sweep")
+
+
+def _status(argv):
+    from hpcfl.status import main
+
+    return main(argv, prog="hpcfl status")
+
+
+def _analyze(argv):
+    from hpcfl.analyze import main
+
+    return main(argv, prog="hpcfl analyze")
+
+
+COMMANDS = {"run": _run, "check": _check, "sweep": _sweep, "status": _status, "analyze": _analyze}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if command in ("-V", "--version"):
+        print(f"hpcfl {hpcfl.__version__}")
+        return Exit.DONE
+    if command not in COMMANDS:
+        asked = command in ("-h", "--help")
+        (sys.stdout if asked else sys.stderr).write(
+            ("" if asked else f"hpcfl: error: {'no command' if not command else f'unknown command {command!r}'}\n")
+            + "usage:" + __doc__.split("\n", 1)[1] + "\n" + exit_help() + "\n")
+        return Exit.DONE if asked else Exit.BAD_INPUT
+    return int(COMMANDS[command](rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""How each run stands, read from its result file: `hpcfl status RESULTS... [--sweep JOB]`.
+
+- complete: every round done;
+- running: a writer holds the file (its lock was refreshed in the last STALE_S seconds);
+- interrupted: stopped at a checkpoint, or killed (a file marked running whose lock went stale):
+  run the same command again to resume;
+- failed: a failure during training ended the run;
+- unreadable: not a valid result file (the reason is printed);
+- missing: with --sweep, a point of the sweep that has no result file yet.
+"""
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from hpcfl.analysis.results import find_files
+from hpcfl.errors import Exit, HpcflError, exit_help
+from hpcfl.metrics import read_run
+from hpcfl.runtime.lock import STALE_S, lock_path
+
+
+def state(path: Path) -> tuple[str, str, str]:
+    """(state, rounds as 'committed/planned', why it is unreadable) of one result file."""
+    try:
+        run = read_run(path, keys=())
+    except HpcflError as err:
+        return "unreadable", "", str(err)
+    planned = run.attrs.get("config", {}).get("run", {}).get("rounds", "?")
+    status = run.attrs.get("status", "running")
+    if status == "running":
+        lock = lock_path(path)
+        live = lock.exists() and time.time() - lock.stat().st_mtime <= STALE_S
+        status = "running" if live else "interrupted"
+    return {"completed": "complete"}.get(status, status), f"{run.rounds}/{planned}", ""
+
+
+def sweep_files(job: str, overrides: list[str]) -> list[Path]:
+    """The result file of each point of the sweep in `job`, with the --set `overrides` it ran with."""
+    from hpcfl.config import read_job_file
+    from hpcfl.jobs import load_job
+    from hpcfl.sweep import points
+
+    return [load_job(job, [*overrides, *point], allow_sweep=True).result_path for point in points(read_job_file(job))]
+
+
+def main(argv=None, prog: str = "hpcfl status") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="*", help="result files, or folders searched for them")
+    parser.add_argument("--sweep", metavar="JOB", help="a sweep's job file: also list its points with no file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --sweep: the overrides the sweep ran with")
+    parser.add_argument("--results-root", default=None, help="with --sweep: the --results-root it ran with")
+    args = parser.parse_args(argv)
+    overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
+    try:
+        expected = sweep_files(args.sweep, overrides) if args.sweep else []
+    except HpcflError as err:
+        sys.stderr.write(f"hpcfl: error: {err}\n")
+        return Exit.BAD_INPUT
+    found = sorted(set(find_files(args.results or {path.parent for path in expected})))
+    rows = [(path, *state(path)) for path in found if path.exists()]
+    have = {path.resolve() for path in found if path.exists()}
+    rows += [(path, "missing", "", "") for path in expected if path.resolve() not in have]
+    if not rows:
+        sys.stderr.write("hpcfl: error: no result files found; name result files or folders (or --sweep JOB)\n")
+        return Exit.BAD_INPUT
+    for path, what, rounds, why in rows:
+        print(f"{what:<12}{rounds:>9}  {path}" + (f"  ({why})" if why else ""))
+    counts = Counter(what for _, what, _, _ in rows)
+    print(", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+    return Exit.DONE

@@ -1,0 +1,133 @@
+"""The `hpcfl` console script: its subcommands, exit statuses, `sweep --submit` and `status`."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+from helpers import MPIRUN, assert_same_metrics, launch, run_metrics
+
+import hpcfl
+from hpcfl.cli import main
+from hpcfl.errors import EXIT_MEANING, Exit
+from hpcfl.runtime.lock import STALE_S, lock_path
+
+SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip installed beside this Python
+
+
+def test_help_lists_every_command_and_every_exit_status(capsys):
+    assert main(["--help"]) == Exit.DONE
+    text = capsys.readouterr().out
+    assert all(f"hpcfl {command} " in text for command in ("run", "check", "sweep", "status", "analyze"))
+    assert all(f"  {int(code)}  " in text for code in EXIT_MEANING)
+    assert main(["trian"]) == Exit.BAD_INPUT and "unknown command 'trian'" in capsys.readouterr().err
+    assert main(["--version"]) == Exit.DONE and capsys.readouterr().out == f"hpcfl {hpcfl.__version__}\n"
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "hpcfl run" in (out := capsys.readouterr().out) and "  3  stopped at a checkpoint" in out
+
+
+def test_check_prints_the_resolved_job_and_refuses_a_bad_one(tiny_job, capsys):
+    job = tiny_job()
+    assert main(["check", str(job), "--set", "train.lr=0.5"]) == Exit.DONE
+    assert json.loads(capsys.readouterr().out)["train"]["lr"] == 0.5
+    assert main(["check", str(job), "--set", "train.optimiser=adam"]) == Exit.BAD_INPUT
+    assert "optimiser" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SCRIPT.exists(), reason="hpcfl is not installed in this Python's environment")
+def test_the_console_script_under_mpirun_gives_the_module_entry_points_result_file(tiny_job, tmp_path):
+    job = tiny_job(rounds=2)
+    script = subprocess.run([MPIRUN, "-np", "3", str(SCRIPT), "run", str(job), "--results-root", tmp_path / "script"],
+                            capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert script.returncode == 0, script.stderr
+    module = launch(job, "--results-root", tmp_path / "module", ranks=3)
+    assert module.returncode == 0, module.stderr
+    name = Path("test") / "fedavg-dirichlet-seed0.h5"
+    assert_same_metrics(run_metrics(tmp_path / "script" / name), run_metrics(tmp_path / "module" / name), exact=True)
+
+
+SWEEP = '[sweep]\nseeds = [0, 1]\ngrid = { "train.lr" = [0.05, 0.1, 0.2] }\n'
+
+
+def test_sweep_submit_writes_the_array_size_and_passes_the_options(tiny_job, tmp_path, capsys, monkeypatch):
+    job = tiny_job(extra=SWEEP)
+    fake = tmp_path / "bin" / "sbatch"                     # records how it was called
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "called"}\necho "$HPCFL_SLURM" >> {tmp_path / "called"}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    script = tmp_path / "site" / "sweep.sbatch"
+    script.parent.mkdir()
+    script.write_text("#!/bin/bash\n")
+    assert main(["sweep", str(job), "--submit", "--max-concurrent", "2", "--script", str(script),
+                 "--set", "train.local_epochs=2", "--", "--time=00:10:00", "-n", "3"]) == Exit.DONE
+    assert "hpcfl: 6 points: sbatch --array=0-5%2" in capsys.readouterr().out
+    argv, folder = (tmp_path / "called").read_text().splitlines()
+    assert argv == f"--array=0-5%2 --time=00:10:00 -n 3 {script} {job} --set train.local_epochs=2"
+    assert folder == str(script.parent)                   # where the batch script finds site.sh and step.sh
+    assert main(["sweep", str(job), "--submit", "--script", str(tmp_path / "none.sbatch")]) == Exit.BAD_INPUT
+    assert "none.sbatch does not exist" in capsys.readouterr().err
+
+
+def _result(tmp_path, tiny_job, name: str) -> Path:
+    job = tiny_job(rounds=2)
+    return hpcfl.run(job, [f"run.name={name!r}", f"run.results_root={str(tmp_path / 'results')!r}"], log=lambda _: None)
+
+
+def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing(tiny_job, tmp_path, capsys):
+    complete = _result(tmp_path, tiny_job, "complete")
+    for name, status, committed in [("running", "running", 1), ("interrupted", "interrupted", 1),
+                                    ("killed", "running", 1), ("failed", "failed", 0)]:
+        copy = complete.with_name(f"{name}.h5")
+        shutil.copy(complete, copy)
+        with h5py.File(copy, "r+") as file:
+            file.attrs["status"], file.attrs["committed_rounds"] = status, committed
+    lock_path(complete.with_name("running.h5")).write_text("{}")          # a writer that is alive
+    stale = lock_path(complete.with_name("killed.h5"))                   # one that stopped refreshing its lock
+    stale.write_text("{}")
+    os.utime(stale, (time.time() - STALE_S - 60,) * 2)
+    complete.with_name("corrupt.h5").write_bytes(b"not HDF5")
+    assert main(["status", str(complete.parent)]) == Exit.DONE
+    lines = {line.split()[-1].split("/")[-1]: line.split()[:2] for line in capsys.readouterr().out.splitlines()[:-1]
+             if not line.startswith("unreadable")}
+    assert lines == {"complete.h5": ["complete", "2/2"], "running.h5": ["running", "1/2"],
+                     "interrupted.h5": ["interrupted", "1/2"], "killed.h5": ["interrupted", "1/2"],
+                     "failed.h5": ["failed", "0/2"]}
+    sweep = tiny_job(rounds=2, extra='[sweep]\nseeds = [0, 1]\n')
+    assert main(["sweep", str(sweep), "--index", "0", "--results-root", str(tmp_path / "sw")]) == Exit.DONE
+    capsys.readouterr()
+    done = tmp_path / "sw" / "test" / "sweep-seed0.h5"
+    assert main(["status", "--sweep", str(sweep), "--results-root", str(tmp_path / "sw")]) == Exit.DONE
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["complete", "2/2", str(done)]
+    assert out[1].split() == ["missing", str(done.with_name("sweep-seed1.h5"))]
+    assert out[-1] == "1 complete, 1 missing"
+    assert main(["status", str(tmp_path / "nothing-here")]) == Exit.BAD_INPUT
+
+
+def test_status_names_an_unreadable_file_and_why(tmp_path, capsys):
+    (tmp_path / "corrupt.h5").write_bytes(b"not HDF5")
+    assert main(["status", str(tmp_path)]) == Exit.DONE
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("unreadable") and "corrupt.h5" in line and "(" in line
+
+
+def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was_built_from(tmp_path, monkeypatch):
+    from hpcfl.runtime.provenance import git_commit
+
+    here = Path(hpcfl.__file__).parent
+    head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:                             # tests running from a git checkout of hpcfl
+        assert git_commit().removesuffix("-dirty") == head.stdout.strip()
+    installed = tmp_path / "site-packages" / "hpcfl"    # an installed copy: no git around it
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(hpcfl, "__file__", str(installed / "__init__.py"))
+    monkeypatch.setattr(hpcfl, "__commit__", "g1234abc")
+    assert git_commit() == "1234abc"
+    monkeypatch.setattr(hpcfl, "__commit__", "")          # a source tree never built
+    assert git_commit() == "unknown"
