@@ -33,10 +33,10 @@ def checkpoint_cost(clients: int, ranks: int, root: Path) -> tuple[float, float]
                             stderr=subprocess.STDOUT, text=True)
     seconds = []
     for line in proc.stdout:
-        found = re.match(r"hpcfl: checkpoint after round (\d+) written in ([\d.]+) s", line)
+        found = re.search(r" INFO checkpoint after round (\d+) written in ([\d.]+) s", line)
         if found:
             seconds.append(float(found.group(2)))
-        if line.startswith("round    2/"):
+        if " INFO round    2/" in line:
             proc.send_signal(signal.SIGUSR1)
     proc.wait()
     folder = sorted((root / "quickstart" / f"ck{ranks}.ckpt").glob("round-*"))[-1]

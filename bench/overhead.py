@@ -104,10 +104,10 @@ def runner(cfg) -> float:
     from hpcfl.runtime.loop import run  # imported here: the floor's process does without them
     from hpcfl.transport import LocalTransport
 
-    job = setup(cfg, LocalTransport({}), None, log=lambda text: None)
+    job = setup(cfg, LocalTransport({}), None)
     sync()
     start = time.perf_counter()
-    run(job, log=lambda text: None)
+    run(job)
     sync()
     seconds = time.perf_counter() - start
     job.recorder.close()
@@ -121,7 +121,7 @@ def setup_times(cfg, repeat: int) -> tuple[float, float]:
 
     def once(name: str) -> float:
         start = time.perf_counter()
-        setup(cfg(name), LocalTransport({}), None, log=lambda text: None).recorder.close()
+        setup(cfg(name), LocalTransport({}), None).recorder.close()
         return time.perf_counter() - start
 
     once("cache-warm-up")

@@ -30,11 +30,11 @@ _EXPORTS = {
 __all__ = ["run", "__version__", *_EXPORTS]
 
 
-def run(job, overrides=(), data_root=None, log=print):
+def run(job, overrides=(), data_root=None, quiet=False):
     """Run a job in this process; see hpcfl.launch.run_job."""
     from hpcfl.launch import run_job
 
-    return run_job(job, overrides, data_root, log)
+    return run_job(job, overrides, data_root, quiet)
 
 
 def __getattr__(name):

@@ -17,6 +17,7 @@ import sys
 import traceback
 
 from hpcfl.errors import Exit, HpcflError, exit_help
+from hpcfl.logs import LEVELS, LOG, configure
 
 # Set by mpiexec (Hydra: PMI_*; Open MPI: OMPI_*; PMIx) or by srun for a step of several tasks.
 _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -39,6 +40,9 @@ def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
                              "/usr/share/datasets where Debian's dataset-fashion-mnist installs)")
     parser.add_argument("--results-root", default=None, help="overrides run.results_root (default 'results')")
     parser.add_argument("--check", action="store_true", help="validate the job file, print it resolved, and exit")
+    parser.add_argument("--log-level", choices=LEVELS, default=None,
+                        help="every rank's log level (default: INFO on rank 0, WARNING on the others)")
+    parser.add_argument("--log-dir", default=None, help="also write each rank's log to DIR/<run>[-<SLURM job>]-rank<r>.log")
     return parser
 
 
@@ -96,7 +100,7 @@ def main(argv=None, allow_sweep: bool = False, prog: str = "python -m hpcfl.laun
         release()
 
 
-def _finish(job, status: str, log) -> None:
+def _finish(job, status: str) -> None:
     """Rank 0 marks the result file with how the run ended; a completed run drops its checkpoints."""
     from hpcfl.runtime.checkpoint import checkpoint_root
 
@@ -105,16 +109,17 @@ def _finish(job, status: str, log) -> None:
         job.recorder.close()
         if status == "completed":
             shutil.rmtree(checkpoint_root(job.config.result_path), ignore_errors=True)
-            log(f"hpcfl: wrote {job.config.result_path}")
+            LOG.info(f"wrote {job.config.result_path}")
         elif status == "interrupted":
-            log(f"hpcfl: stopped at a checkpoint ({job.config.result_path}); run the same command again to resume")
+            LOG.info(f"stopped at a checkpoint ({job.config.result_path}); run the same command again to resume")
 
 
-def run_job(job, overrides=(), data_root=None, log=print):
+def run_job(job, overrides=(), data_root=None, quiet: bool = False):
     """Run a job in this process (the server hosts every client) and return its result file's path:
     `job` is a job file's path, its tables as a dict, or a JobConfig; `overrides` are --set's
     KEY=VALUE strings. A completed run returns its path at once and an interrupted one resumes, as on
-    the command line; bad input raises hpcfl.errors.ConfigError (or DataError, ...) naming the key."""
+    the command line; bad input raises hpcfl.errors.ConfigError (or DataError, ...) naming the key.
+    It logs as rank 0 does (hpcfl.logs), warnings only when `quiet`."""
     from pathlib import Path
 
     from hpcfl.config import JobConfig, apply_overrides
@@ -131,17 +136,18 @@ def run_job(job, overrides=(), data_root=None, log=print):
         config = job_from_dict(apply_overrides(job, list(overrides)))
     else:
         config = load_job(Path(job), list(overrides))
+    configure(0, "WARNING" if quiet else None, run=config.run_name)
     transport = LocalTransport({})
     try:
         try:
-            state = setup(config, transport, data_root, 0, log)
+            state = setup(config, transport, data_root, 0)
         except RunCompleted:
             return config.result_path
         status = "failed"
         try:
-            status = "completed" if run(state, log) else "interrupted"
+            status = "completed" if run(state) else "interrupted"
         finally:
-            _finish(state, status, log)
+            _finish(state, status)
     finally:
         transport.close()
         release()
@@ -164,11 +170,10 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
             return Exit.DONE
         transport, local_rank = make_transport()
         transport.timeout_s = config.run.round_timeout_s
-        log = (lambda text: print(text, flush=True)) if transport.is_server else (lambda text: None)
-        job = setup(config, transport, args.data_root, local_rank, log)
+        configure(transport.rank, args.log_level, args.log_dir, config.run_name)
+        job = setup(config, transport, args.data_root, local_rank)
     except RunCompleted as done:          # raised on every rank alike, as SetupFailed: all close together
-        if transport is None or transport.is_server:
-            print(f"hpcfl: {done}", flush=True)
+        LOG.info(str(done))
         _close(transport)
         return Exit.DONE
     except HpcflError as err:
@@ -182,11 +187,12 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     previous = {sig: signal.signal(sig, lambda *_: STOP.set()) for sig in STOP_SIGNALS}
     status, code = "completed", Exit.DONE
     try:
-        if not run(job, log):
+        if not run(job):
             status, code = "interrupted", Exit.RESUME
     except TrainingFault as err:          # every rank stops after the same round: an orderly end
         status, code = "failed", Exit.FAILED
-        log(f"hpcfl: error: {err}")
+        if transport.is_server:
+            LOG.error(str(err))
     except BaseException as err:          # noqa: BLE001 — any failure must end every rank
         if job.recorder:
             job.recorder.set_attr("status", "failed")
@@ -195,7 +201,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _finish(job, status, log)
+    _finish(job, status)
     transport.close()
     # mpiexec returns the bitwise OR of the ranks' codes: after an orderly end only the server's counts.
     return code if transport.is_server else Exit.DONE

@@ -76,7 +76,7 @@ def test_sweep_submit_writes_the_array_size_and_passes_the_options(tiny_job, tmp
 
 def _result(tmp_path, tiny_job, name: str) -> Path:
     job = tiny_job(rounds=2)
-    return hpcfl.run(job, [f"run.name={name!r}", f"run.results_root={str(tmp_path / 'results')!r}"], log=lambda _: None)
+    return hpcfl.run(job, [f"run.name={name!r}", f"run.results_root={str(tmp_path / 'results')!r}"], quiet=True)
 
 
 def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing(tiny_job, tmp_path, capsys):

@@ -162,3 +162,24 @@ def test_a_symbolic_link_out_of_the_results_root_is_refused(tiny_job, tmp_path):
     result = launch(tiny_job(rounds=1), "--results-root", tmp_path / "results")
     assert result.returncode == 2 and "outside run.results_root" in result.stderr
     assert not list(outside.iterdir())                                     # nothing written there
+
+
+def test_log_lines_carry_time_rank_and_host_and_each_round_its_elapsed_time_and_eta(tiny_job, tmp_path):
+    host = socket.gethostname()
+    default = launch(tiny_job(rounds=3), "--results-root", tmp_path / "a", ranks=3)
+    assert default.returncode == 0, default.stderr
+    rounds = [line for line in default.stdout.splitlines() if " round " in line]          # workers: WARNING+
+    assert len(rounds) == 3 and all(f" rank 0 {host} INFO round " in line for line in rounds)   # rank 0 alone
+    assert rounds[-1].endswith("eta 0:00:00") and all(" elapsed 0:0" in line for line in rounds)
+    assert rounds[0][:4].isdigit() and rounds[0][4] == "-" and rounds[0][13] == ":"      # 2026-11-24 17:05:01
+    logs = tmp_path / "logs"
+    every = launch(tiny_job(rounds=2), "--results-root", tmp_path / "b", "--log-level", "INFO", "--log-dir", logs,
+                   "--set", "run.name='logged'", ranks=3)
+    assert every.returncode == 0, every.stderr
+    files = sorted(p.name for p in logs.iterdir())
+    assert files == [f"logged-rank{r}.log" for r in range(3)]
+    for r in range(3):
+        lines = (logs / f"logged-rank{r}.log").read_text().splitlines()
+        assert lines and all(f" rank {r} {host} " in line for line in lines)
+    assert "INFO round    2/2" in (logs / "logged-rank0.log").read_text()
+    assert f" rank 2 {host} WARNING run.device = 'auto' found no GPU" in default.stderr      # a worker's warning

@@ -48,14 +48,14 @@ def _job(root, name="lab") -> dict:
 
 
 def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
-    path = hpcfl.run(_job(tmp_path), log=lambda text: None)
+    path = hpcfl.run(_job(tmp_path))
     run = read_run(path)
     assert run.attrs["status"] == "completed" and run.rounds == 4
     assert run.arrays["round/test_acc"][-1] > 0.6                        # four blobs: chance is 0.25
     assert (run.arrays["round/step"] == 0.5).all()                        # the plug-in algorithm's own metric
     assert {p["key"]: name for name, p in run.attrs["plugins"].items()} == PLUGINS
     assert run.attrs["plugins"]["labfl.model:Mlp"] == {"key": "model.name", "module": "labfl.model", "version": None}
-    assert hpcfl.run(_job(tmp_path), log=lambda text: None) == path        # complete: returned at once
+    assert hpcfl.run(_job(tmp_path)) == path        # complete: returned at once
     hidden = [v for k, v in run.arrays.items() if k == "partition"]
     assert hidden and hidden[0].shape == (4, 4)                            # the plug-in data set's 4 classes
 
@@ -90,14 +90,14 @@ def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path)
     root = comm.bcast(str(tmp_path), root=0)
     config = job_from_dict(apply_overrides(_job(root, "ranks"), []))
     transport = MpiTransport({}, comm)
-    job = setup(config, transport, None, log=lambda text: None)
-    run(job, log=lambda text: None)
+    job = setup(config, transport, None)
+    run(job)
     if job.recorder:
         job.recorder.close()
     transport.close()
     try:
         if comm.Get_rank() == 0:
-            one = hpcfl.run(_job(root, "one"), log=lambda text: None)
+            one = hpcfl.run(_job(root, "one"))
             assert_same_metrics(run_metrics(one), run_metrics(tmp_path / "plug" / "ranks.h5"))
     finally:
         comm.Barrier()
@@ -129,7 +129,7 @@ def test_fedavg_written_from_the_contract_alone_is_the_built_in_fedavg(tiny_job,
         config = load_job(tiny_job(rounds=3), [f"algorithm.name='{name}'", "train.momentum=0.9", "train.weight_decay=1e-3",
                                                "data.validation_fraction=0.2", f"run.results_root='{tmp_path}'",
                                                f"run.name='{name.split(':')[-1]}'"])
-        paths[name] = hpcfl.run(config, log=lambda text: None)
+        paths[name] = hpcfl.run(config)
     assert_same_metrics(run_metrics(paths["fedavg"]), run_metrics(paths["labfl.fedavg:MyFedAvg"]), exact=True)
 
 
@@ -201,4 +201,4 @@ def test_a_plugin_that_fails_as_it_loads_is_a_config_error_naming_the_key(tmp_pa
     job["algorithm"].pop("terms", None)
     with pytest.raises(hpcfl.ConfigError, match=r"algorithm.name = 'brokenfl:Old': importing module 'brokenfl' "
                                                 r"failed: TypeError: .*traits = Traits\(stateless=...\)"):
-        hpcfl.run(job, log=lambda text: None)
+        hpcfl.run(job)

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
+
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 
@@ -80,7 +80,7 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics
     log = tmp_path / f"slurm-{jid}.out"
     _until(lambda: log.exists() and "round    3/" in log.read_text(), 120, "round 3")
     subprocess.run(["scancel", "--batch", "--signal=USR1", jid], env=cluster, check=True, timeout=30)
-    _until(lambda: "hpcfl: wrote" in log.read_text(), 240, "the requeued job to finish")
+    _until(lambda: " INFO wrote " in log.read_text(), 240, "the requeued job to finish")
     text = log.read_text()
     assert "requeueing job" in text and "resuming after round" in text
     shown = subprocess.run(["scontrol", "show", "job", jid], env=cluster, capture_output=True, text=True).stdout

@@ -12,8 +12,8 @@ never sees half of one. A damaged entry (the zip checksums catch it) is decoded 
 """
 import contextlib
 import hashlib
+import logging
 import os
-import sys
 import uuid
 import zipfile
 from pathlib import Path
@@ -75,5 +75,6 @@ def _store(path: Path, arrays: Arrays) -> None:
     except OSError as err:
         with contextlib.suppress(OSError):
             staged.unlink()
-        sys.stderr.write(f"hpcfl: warning: the data cache could not be written ({err}); runs decode the data "
-                         "each time. Fix: point HPCFL_CACHE at a writable folder, or set HPCFL_CACHE=off\n")
+        logging.getLogger(__name__).warning(f"the data cache could not be written ({err}); runs decode the data "
+                                            "each time. Fix: point HPCFL_CACHE at a writable folder, or set "
+                                            "HPCFL_CACHE=off")

@@ -6,6 +6,7 @@ every round's cohort without communication; in the rounds (hpcfl.runtime.loop) t
 are the declared payloads and one small per-round report (hpcfl.runtime.report).
 """
 import json
+import logging
 import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -37,6 +38,8 @@ from hpcfl.training import LocalTrainer
 from hpcfl.training.batched import BatchedTrainer
 from hpcfl.transport import Transport
 
+LOG = logging.getLogger(__name__)
+
 
 class SetupFailed(HpcflError):
     """Some rank could not set up; carries every failed rank's message."""
@@ -63,12 +66,11 @@ class Job:
         return deal_cohort(cohort, self.cost, worker_ranks(self.transport.size))
 
 
-def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0,
-          log=print) -> Job:
+def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0) -> Job:
     """Build everything on every rank; raise SetupFailed on all ranks if any rank failed."""
     info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
     try:
-        job = _build(config, transport, data_root, local_rank, info, log)
+        job = _build(config, transport, data_root, local_rank, info)
         info["setup_max_rss_bytes"] = peak_bytes()             # before the rounds reset the high-water mark
     except RunCompleted as done:
         job, info["completed"] = None, str(done)
@@ -81,7 +83,7 @@ def setup(config: JobConfig, transport: Transport, data_root: str | None, local_
     if reports[0].get("checkpoint"):
         try:
             info["error"] = None
-            restore(job, Path(reports[0]["checkpoint"]), reports[0]["resume"], log)
+            restore(job, Path(reports[0]["checkpoint"]), reports[0]["resume"])
         except HpcflError as err:
             info["error"] = f"{type(err).__name__}: {err}"
         _raise_failures(job, config, transport, transport.share(info))
@@ -103,10 +105,10 @@ def _raise_failures(job: Job | None, config: JobConfig, transport: Transport, re
         raise SetupFailed("\n".join(failed))
 
 
-def _build(config: JobConfig, transport: Transport, data_root, local_rank, info, log) -> Job:
-    resume_file, rounds, checkpoint = resume_point(config, log) if transport.is_server else (False, 0, None)
+def _build(config: JobConfig, transport: Transport, data_root, local_rank, info) -> Job:
+    resume_file, rounds, checkpoint = resume_point(config) if transport.is_server else (False, 0, None)
     info.update(resume_file=resume_file, resume=rounds, checkpoint=str(checkpoint or ""))
-    device = pick_device(config.run.device, local_rank, log)
+    device = pick_device(config.run.device, local_rank)
     torch.set_num_threads(config.run.threads)
     info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
     root = resolve_data_root(data_root or config.data.root or None)
@@ -176,7 +178,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info,
             if shared is not None:
                 recorder.write_array("shared_samples", shared)
         sizes = counts.sum(1)
-        log(f"hpcfl: {config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
+        LOG.info(f"{config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
             f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
             f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
             f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "

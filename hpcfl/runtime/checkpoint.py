@@ -100,7 +100,7 @@ def latest(root: Path, warn) -> tuple[int, Path] | None:
         problem = _valid(directory)
         if problem is None:
             return int(directory.name.split("-")[1]), directory
-        warn(f"hpcfl: warning: checkpoint {directory} is damaged ({problem}); using the one before it")
+        warn(f"checkpoint {directory} is damaged ({problem}); using the one before it")
     return None
 
 

@@ -14,9 +14,9 @@ age is measured against the file system's own clock (a file written next to it),
 differ between nodes do not matter. Any other lock refuses the run with a message naming the owner.
 """
 import json
+import logging
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -97,8 +97,8 @@ def claim(result_path: Path) -> None:
                                f"{path}, refreshed {silent:.0f} s ago). Wait for it, or choose another run.name; a lock "
                                f"not refreshed for {STALE_S:.0f} s is taken over by the next run") from None
         if not _gone(owner, me):
-            sys.stderr.write(f"hpcfl: warning: taking over {path}: its owner ({_describe(owner)}) has not "
-                             f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), so it is gone\n")
+            logging.getLogger(__name__).warning(f"taking over {path}: its owner ({_describe(owner)}) has not "
+                                                f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), so it is gone")
         os.replace(temporary, path)                     # take over the stale lock in one step
     stop = threading.Event()
     threading.Thread(target=_beat, args=(path, stop), name="hpcfl-lock-heartbeat", daemon=True).start()

@@ -1,6 +1,8 @@
 """The round loop, identical on every rank, as numbered steps (`run`), and one step per kind of phase
 (`_train`, `_swap`, `_match`).
 """
+import logging
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -9,11 +11,14 @@ import torch
 
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.errors import TrainingFault
+from hpcfl.logs import duration
 from hpcfl.runtime.build import Job
 from hpcfl.runtime.memory import reset_peak
 from hpcfl.runtime.report import CLIENT_METRICS, forgetting, gather_report, record, split_report
 from hpcfl.runtime.resume import control, write_checkpoint
 from hpcfl.transport import Traffic
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,7 +34,7 @@ class Round:
     phase_s: dict = field(default_factory=dict)
 
 
-def run(job: Job, log=print) -> bool:
+def run(job: Job) -> bool:
     """The round loop, identical on every rank. Each round:
     1. its cohort (drawn up front) and the rank each sampled client trains on;
     2. the algorithm's phases, each run by the step of its kind (STEPS: `_train`, `_swap`, `_match`);
@@ -39,7 +44,7 @@ def run(job: Job, log=print) -> bool:
     Returns False if it stopped at a checkpoint (run the job again to resume), True once every
     round is done."""
     cfg, transport = job.config, job.transport
-    evaluation, start_acc = {}, None
+    evaluation, start_acc, times, began = {}, None, [], time.perf_counter()
     for number in range(job.start_round, cfg.run.rounds):
         start = time.perf_counter()
         transport.round = number
@@ -71,23 +76,27 @@ def run(job: Job, log=print) -> bool:
         if job.server:
             if start_acc is not None:
                 evaluation.update(forgetting(job, cohort, report, start_acc))
-            record(job, number, hosts, report, evaluation, this.phase_s, this.traffic.fl, time.perf_counter() - start, log)
+            round_s = time.perf_counter() - start
+            times.append(round_s)
+            progress = (f"elapsed {duration(time.perf_counter() - began)}  "
+                        f"eta {duration(statistics.median(times) * (cfg.run.rounds - number - 1))}")
+            record(job, number, hosts, report, evaluation, this.phase_s, this.traffic.fl, round_s, progress)
         # 5. NaN/Inf, checkpoint, stop
-        faulty = _nonfinite(job, number, cohort, report, log) if job.server else []
+        faulty = _nonfinite(job, number, cohort, report) if job.server else []
         save, stop, fault = control(job, number, bool(faulty) and cfg.train.on_nonfinite == "stop")
         if fault:
             raise TrainingFault(f"round {number + 1}: client(s) {faulty} gave a non-finite (NaN/Inf) loss or update, "
                                 "so the run stopped after recording the round (train.on_nonfinite = 'stop'). Fix: "
                                 "lower train.lr, or set train.on_nonfinite = 'drop' to leave such updates out and go on")
         if save:
-            write_checkpoint(job, number + 1, log)
+            write_checkpoint(job, number + 1)
         if stop:
             return False
     if job.server and job.algorithm.traits.global_model and cfg.eval.feature_quality:      # FedFM Table IV
         quality = job.server.feature_quality(cfg.run.seed)
         for key, value in quality.items():
             job.recorder.write_array(f"final/{key}", np.float64(value))
-        log(f"hpcfl: final global model's test features: NMI {quality['feature_nmi']:.4f}, "
+        LOG.info(f"final global model's test features: NMI {quality['feature_nmi']:.4f}, "
             f"silhouette {quality['feature_silhouette']:.4f}")
     return True
 
@@ -138,12 +147,12 @@ def _match(job: Job, phase: MatchPhase, this: Round) -> None:
 STEPS = {Phase: _train, SwapPhase: _swap, MatchPhase: _match}      # each kind of phase (hpcfl.algorithms.phases)
 
 
-def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray, log) -> list[int]:
+def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray) -> list[int]:
     """The sampled clients whose loss or update went NaN/Inf this round (their updates were left out)."""
     rows = split_report(job, report)[0]
     faulty = [c for c in cohort if rows[c, CLIENT_METRICS.index("nonfinite")] > 0]
     if faulty and job.config.train.on_nonfinite == "drop":
-        log(f"hpcfl: warning: round {round + 1}: client(s) {faulty} gave a non-finite loss or update; "
+        LOG.warning(f"round {round + 1}: client(s) {faulty} gave a non-finite loss or update; "
                 "their updates were dropped (train.on_nonfinite = 'drop'; recorded as client/nonfinite)")
     return faulty
 

@@ -10,10 +10,14 @@ first: within Graham's 4/3 of the best split). Devices: the node-local rank pick
 of intra-op threads, because oversubscribed torch threads run small models many times slower (10x
 measured on 2 vCPUs).
 """
+import logging
+
 import numpy as np
 import torch
 
 from hpcfl.errors import ConfigError
+
+LOG = logging.getLogger(__name__)
 
 
 def worker_ranks(size: int) -> list[int]:
@@ -57,12 +61,12 @@ def deal_cohort(cohort, cost: np.ndarray, workers: list[int]) -> dict[int, int]:
     return out
 
 
-def pick_device(setting: str, local_rank: int, log=print) -> torch.device:
+def pick_device(setting: str, local_rank: int) -> torch.device:
     """`cuda` fails fast without a GPU; `auto` falls back to the CPU with a warning."""
     n_gpus = torch.cuda.device_count()
     if setting == "cpu" or (setting == "auto" and n_gpus == 0):
         if setting == "auto":
-            log("hpcfl: warning: run.device = 'auto' found no GPU: running on the CPU")
+            LOG.warning("run.device = 'auto' found no GPU: running on the CPU")
         return torch.device("cpu")
     if n_gpus == 0:
         raise ConfigError("run.device = 'cuda' but torch sees no GPU on this node; "

@@ -5,10 +5,14 @@ Client metrics travel as the columns CLIENT_METRICS of a clients x metrics matri
 is filled by the rank that trained it, zeros elsewhere), rank figures as the columns RANK_METRICS
 of a ranks x figures matrix; both go up in the round's one `report` reduce.
 """
+import logging
+
 import numpy as np
 
 from hpcfl.runtime.memory import peak_bytes
 from hpcfl.transport import Traffic
+
+LOG = logging.getLogger(__name__)
 
 CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "test_acc", "nonfinite", "num_samples")
 RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes", "client_state_bytes",
@@ -58,7 +62,7 @@ def gather_report(job, rows: np.ndarray, hosted: list[int], stats: Traffic) -> n
     return flat
 
 
-def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, log) -> None:
+def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progress: str = "") -> None:
     cfg, n, cohort = job.config, job.config.data.num_clients, list(hosts)
     rows, _, ranks = split_report(job, flat)
     sampled = np.zeros(n, dtype=bool)
@@ -91,9 +95,9 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, log) ->
     text = "" if acc is None else f"test_acc {acc:.4f}  test_loss {values['round/test_loss']:.4f}  "
     text += "" if personal is None else f"personal_acc {personal:.4f}  "
     text += f"val_acc {values['round/val_acc']:.4f}  " if "round/val_acc" in values else ""
-    log(f"round {round + 1:>4}/{cfg.run.rounds}  {text}train_loss {values['round/train_loss']:.4f}  "
-        f"{round_s:6.2f} s")
+    LOG.info(f"round {round + 1:>4}/{cfg.run.rounds}  {text}train_loss {values['round/train_loss']:.4f}  "
+             f"{round_s:6.2f} s  {progress}".rstrip())
     state = values["rank/client_state_bytes"]
     if round == cfg.run.rounds - 1 and state.any():
-        log("hpcfl: per-client state held on the workers' CPUs: " +
+        LOG.info("per-client state held on the workers' CPUs: " +
             ", ".join(f"rank {r} {b / 2**20:.1f} MiB" for r, b in enumerate(state) if b))

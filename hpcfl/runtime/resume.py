@@ -8,6 +8,7 @@
 - `write_checkpoint` (every rank): its part of a checkpoint.
 """
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from hpcfl.metrics import read_run
 from hpcfl.runtime.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clients, save
 from hpcfl.runtime.lock import claim
 
+LOG = logging.getLogger(__name__)
+
 
 class RunCompleted(HpcflError):
     """The run's result file is already complete: nothing to do (e.g. a re-submitted sweep)."""
@@ -29,7 +32,7 @@ class RunCompleted(HpcflError):
 STOP = threading.Event()        # set by the launcher's USR1/TERM handler: checkpoint after this round and stop
 
 
-def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
+def resume_point(config: JobConfig) -> tuple[bool, int, Path | None]:
     """Rank 0, before anything is built: (result file exists, rounds done, checkpoint folder). A
     result path that a symbolic link leads out of the results root is refused; the path is claimed
     for this run (hpcfl.runtime.lock: one writer per result file); a complete run raises
@@ -52,7 +55,7 @@ def resume_point(config: JobConfig, log) -> tuple[bool, int, Path | None]:
                            "run.name, or delete or move the old file")
     if existing.get("status") == "completed":
         raise RunCompleted(f"{path} is already complete; nothing to do (delete it to run again)")
-    found = latest(checkpoint_root(path), log)
+    found = latest(checkpoint_root(path), LOG.warning)
     return True, (found[0] if found else 0), (found[1] if found else None)
 
 
@@ -63,7 +66,7 @@ def _resumable(config: dict) -> dict:
             else values for section, values in config.items()}
 
 
-def restore(job, directory: Path, rounds: int, log) -> None:
+def restore(job, directory: Path, rounds: int) -> None:
     """Every rank takes its part of the checkpoint in `directory` (taken after `rounds` rounds)."""
     manifest = json.loads((directory / MANIFEST).read_text())
     job.algorithm.load_carried_state(load(directory, "shared.pt"))
@@ -84,7 +87,7 @@ def restore(job, directory: Path, rounds: int, log) -> None:
         if same:
             torch.set_rng_state(rngs[job.transport.rank])
     job.start_round = rounds
-    log(f"hpcfl: resuming after round {rounds} from {directory}")
+    LOG.info(f"resuming after round {rounds} from {directory}")
 
 
 def control(job, round: int, fault: bool = False) -> tuple[bool, bool, bool]:
@@ -104,9 +107,9 @@ def control(job, round: int, fault: bool = False) -> tuple[bool, bool, bool]:
     return bool(decision[0]), bool(decision[1]), bool(decision[2])
 
 
-def write_checkpoint(job, rounds: int, log) -> None:
+def write_checkpoint(job, rounds: int) -> None:
     start = time.perf_counter()
     clients = {cid: client.kept() for cid, client in job.worker.clients.items()} if job.worker else {}
     save(checkpoint_root(job.config.result_path), rounds, job.transport, job.server.state if job.server else None,
          job.algorithm.carried_state(), clients, job.config.run.checkpoint_keep)
-    log(f"hpcfl: checkpoint after round {rounds} written in {time.perf_counter() - start:.2f} s")
+    LOG.info(f"checkpoint after round {rounds} written in {time.perf_counter() - start:.2f} s")

@@ -10,8 +10,8 @@ torch sees a GPU (skipped on CI): `python -m pytest tests/runtime/test_equivalen
 import numpy as np
 import pytest
 import torch
-
 from helpers import assert_same_metrics, run_metrics
+
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import apply_overrides
 from hpcfl.jobs import job_from_dict
@@ -44,8 +44,8 @@ def _job(algorithm: str, root: str, name: str, *overrides: str):
 
 
 def _execute(config, transport):
-    job = setup(config, transport, None, log=lambda text: None)
-    run(job, log=lambda text: None)
+    job = setup(config, transport, None)
+    run(job)
     if job.recorder:
         job.recorder.close()
     transport.close()

@@ -27,8 +27,8 @@ def _run(tmp_path, name, *overrides, keep_job=False):
            "eval": {"every": 2}}
     config = job_from_dict(apply_overrides(raw, list(overrides)))
     transport = LocalTransport({})
-    job = setup(config, transport, None, log=lambda text: None)
-    run(job, log=lambda text: None)
+    job = setup(config, transport, None)
+    run(job)
     job.recorder.close()
     transport.close()
     return (read_run(config.result_path), job) if keep_job else read_run(config.result_path)

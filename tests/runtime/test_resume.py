@@ -4,6 +4,7 @@ back to the one before it; a checkpoint that holds more than tensors is refused,
 import hashlib
 import io
 import json
+import logging
 import os
 import pickle
 import signal
@@ -17,6 +18,7 @@ from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
 
 from hpcfl.jobs import load_job
 from hpcfl.launch import main
+from hpcfl.logs import LOG, configure
 from hpcfl.metrics import read_run
 from hpcfl.runtime.checkpoint import MANIFEST, checkpoint_root
 
@@ -39,7 +41,7 @@ def _interrupt(job, tmp_path, name, after_round: int, sig) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "hpcfl.launch", *_args(job, tmp_path, name)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
-        if line.startswith(f"round {after_round:>4}/"):
+        if f" round {after_round:>4}/" in line:
             proc.send_signal(sig)
     return proc.wait(timeout=120)
 
@@ -96,8 +98,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys)
     (newest / "server.pt").write_bytes(b"half a file")
     (root / "round-000005.partial").mkdir()                                # a write that never finished
     assert main(_args(job, tmp_path, "cut")) == 0
-    out = capsys.readouterr().out
-    assert f"checkpoint {newest} is damaged" in out and "resuming after round 2 " in out
+    out = capsys.readouterr()
+    assert f"WARNING checkpoint {newest} is damaged" in out.err and "resuming after round 2 " in out.out
     assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(tmp_path / "results" / "resume" / "cut.h5"), exact=True)
 
 
@@ -177,12 +179,24 @@ def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(
     job_file = _job(tmp_path, algorithm) if comm.Get_rank() == 0 else None
     job_file = comm.bcast(str(job_file), root=0)
 
+    class StopAfter(logging.Handler):
+        """Signals this rank (rank 0) once the server logs round `round`."""
+        def __init__(self, round):
+            super().__init__()
+            self.round = round
+
+        def emit(self, record):
+            if record.getMessage().startswith(f"round {self.round:>4}/"):
+                STOP.set()
+
     def execute(name, stop_after=None) -> bool:
         config = load_job(job_file, [f"run.results_root={base + '/results'!r}", f"run.name={name!r}"])
         transport = MpiTransport({}, comm)
-        log = (lambda text: STOP.set() if text.startswith(f"round {stop_after:>4}/") else None) if stop_after else print
-        job = setup(config, transport, None, log=log if transport.is_server else (lambda text: None))
-        finished = run(job, log if transport.is_server else (lambda text: None))
+        configure(transport.rank, run=name)
+        if stop_after and transport.is_server:
+            LOG.addHandler(StopAfter(stop_after))
+        job = setup(config, transport, None)
+        finished = run(job)
         STOP.clear()
         if job.recorder:
             job.recorder.set_attr("status", "completed" if finished else "interrupted")

@@ -55,9 +55,9 @@ def test_local_training_never_reads_the_device_per_batch(algorithm, tiny_job, tm
     for epochs in (1, 4):
         config = load_job(tiny_job(algorithm, rounds=1), [f"train.local_epochs={epochs}", "eval.every=2",
                                                           f"run.results_root='{tmp_path}'", f"run.name='e{epochs}'"])
-        job = setup(config, LocalTransport({}), None, log=lambda text: None)
+        job = setup(config, LocalTransport({}), None)
         with _HostReads() as counter:
-            run(job, log=lambda text: None)
+            run(job)
         job.recorder.close()
         reads[epochs] = counter.count
     assert reads[1] == reads[4]                       # none per batch: per client, per state tensor, per round
