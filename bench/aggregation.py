@@ -170,8 +170,8 @@ def gather_rows(bench, transport, clients_here: list[int]) -> list[tuple[str, fl
         flat = np.concatenate(list(items.values())) if items else np.zeros(0)
         counts = comm.allgather(flat.size)
         recv = [np.empty(sum(counts)), (counts, None)] if transport.is_server else None
-        raw = bench.seconds(lambda: comm.Gatherv(flat, recv, 0))
-        ours = bench.seconds(lambda: transport.gather(layer, items))
+        raw = bench.seconds(lambda flat=flat, recv=recv: comm.Gatherv(flat, recv, 0))
+        ours = bench.seconds(lambda layer=layer, items=items: transport.gather(layer, items))
         rows.append((layer, max(counts) * 8 / MB, raw, ours))
     return rows
 

@@ -66,8 +66,8 @@ def compare(cfg, data, parts, cohorts, device, group: int) -> None:
     seconds, diff, spread, samples = {"sequential": 0.0, "batched": 0.0}, 0.0, 0.0, 0
     for round, cohort in enumerate(cohorts):
         cohort = [int(c) for c in cohort]
-        alone, s_seq = timed(device, lambda: one_by_one(cohort, round))
-        joint, s_bat = timed(device, lambda: together(cohort, round))
+        alone, s_seq = timed(device, lambda cohort=cohort, round=round: one_by_one(cohort, round))
+        joint, s_bat = timed(device, lambda cohort=cohort, round=round: together(cohort, round))
         seconds["sequential"] += s_seq
         seconds["batched"] += s_bat
         samples += cfg.train.local_epochs * sum(len(parts[c]) for c in cohort)

@@ -25,8 +25,9 @@ JOB = REPO / "jobs" / "quickstart.toml"
 
 def checkpoint_cost(clients: int, ranks: int, root: Path) -> tuple[float, float]:
     """(checkpoint MiB, median write seconds) of a SCAFFOLD run checkpointing every round."""
-    cmd = [sys.executable, "-m", "hpcfl.launch", str(JOB), "--results-root", str(root), "--set", "algorithm.name=scaffold",
-           "--set", f"data.num_clients={clients}", "--set", "train.clients_per_round=10", "--set", "run.rounds=4",
+    cmd = [sys.executable, "-m", "hpcfl.launch", str(JOB), "--results-root", str(root),
+           "--set", "algorithm.name=scaffold", "--set", f"data.num_clients={clients}",
+           "--set", "train.clients_per_round=10", "--set", "run.rounds=4",
            "--set", "run.checkpoint_every=1", "--set", "run.checkpoint_keep=5", "--set", f"run.name='ck{ranks}'"]
     # stop after round 3 so that the checkpoints stay on disk (a completed run removes them)
     proc = subprocess.Popen([MPIRUN, "-np", str(ranks), *cmd] if ranks > 1 else cmd, stdout=subprocess.PIPE,

@@ -25,7 +25,8 @@ def _cifar_stand_in(root: Path, train: int = 1200, test: int = 400) -> None:
     rng = np.random.default_rng(0)
     names = [f"data_batch_{i}" for i in range(1, 6)]
     for name, size in [*((n, train // 5) for n in names), ("test_batch", test)]:
-        batch = {b"data": rng.integers(0, 256, (size, 3072), dtype=np.uint8), b"labels": (np.arange(size) % 10).tolist()}
+        batch = {b"data": rng.integers(0, 256, (size, 3072), dtype=np.uint8),
+                 b"labels": (np.arange(size) % 10).tolist()}
         (base / name).write_bytes(pickle.dumps(batch, protocol=2))
 
 

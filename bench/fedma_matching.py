@@ -59,7 +59,7 @@ def match_once(template, states: list[dict]) -> tuple[dict, dict]:
         for c in clients:
             algorithm.client_update(phase, 0, c, {MATCHED: {"global": shared, "reply": replies[c.id]}},
                                     algorithm.client_model(c, template), None)
-    widths = {layer.name: w for layer, w in zip(algorithm.layers, algorithm.widths)}
+    widths = {layer.name: w for layer, w in zip(algorithm.layers, algorithm.widths, strict=True)}
     return algorithm.match_s, widths
 
 

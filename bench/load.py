@@ -3,10 +3,11 @@
 1. `clients`: the real runner under `mpirun -np 3` (server + 2 workers) with 100 and 500 clients per
    worker (run.placement = "fixed"), every client trained every round, FedAvg and SCAFFOLD (one
    control variate per client), on real Fashion-MNIST with the FMNIST CNN. Every client holds 50
-   samples (Dir(0.5) label skew, equal sizes), 1 local epoch, 4 rounds. From the result file: the round time without the server's
-   test evaluation (median of rounds 1..; round 0 warms up), the time per client on a worker, and
-   each worker's peak resident memory, client state and client data. Memory should grow with the
-   clients' data and state, not with clients x model; time linearly with the clients.
+   samples (Dir(0.5) label skew, equal sizes), 1 local epoch, 4 rounds. From the result file: the
+   round time without the server's test evaluation (median of rounds 1..; round 0 warms up), the
+   time per client on a worker, and each worker's peak resident memory, client state and client
+   data. Memory should grow with the clients' data and state, not with clients x model; time
+   linearly with the clients.
 2. `model`: (a) broadcast (float32, and uint8 for more than 2^31 elements) and reduce_sum (float64)
    through hpcfl's MpiTransport under `mpirun -np 3`, of 0.25, 1 and 2.125 GiB (over 2 GiB), fresh
    processes for each row: time, every element checked, and the peak memory each rank adds during

@@ -137,7 +137,8 @@ class _Sites(ast.NodeTransformer):
                 continue
             declaration = isinstance(stmt, ast.AnnAssign) and stmt.value is None      # a field's type only
             if isinstance(stmt, DELETABLE) and not _is_all(stmt) and not declaration:
-                replaced = self._site(stmt, f"delete {type(stmt).__name__}", lambda s=stmt: ast.copy_location(ast.Pass(), s))
+                replaced = self._site(stmt, f"delete {type(stmt).__name__}",
+                                      lambda s=stmt: ast.copy_location(ast.Pass(), s))
                 if replaced is not stmt:
                     out.append(replaced)
                     continue
@@ -165,7 +166,7 @@ class _Sites(ast.NodeTransformer):
         for k, op in enumerate(node.ops):
             new = SWAPS.get(type(op))
             if new is not None:
-                def apply(k=k, new=new):
+                def apply(k=k, new=new, node=node):
                     ops = list(node.ops)
                     ops[k] = new()
                     return ast.copy_location(ast.Compare(node.left, ops, node.comparators), node)
@@ -188,7 +189,8 @@ class _Sites(ast.NodeTransformer):
         shifted = _shift(node.value)
         if shifted is None:
             return node
-        return self._site(node, f"{node.value!r} -> {shifted!r}", lambda: ast.copy_location(ast.Constant(shifted), node))
+        return self._site(node, f"{node.value!r} -> {shifted!r}",
+                          lambda: ast.copy_location(ast.Constant(shifted), node))
 
     def visit_JoinedStr(self, node):       # f-strings: messages, not behaviour
         return node
@@ -203,7 +205,8 @@ def mutants(module: str) -> tuple[str, list[Mutant]]:
     sites = _Sites()
     sites.visit(ast.parse(source))
     lines = source.splitlines()
-    return source, [Mutant(module, i, line, what, lines[line - 1].strip() if line else "") for i, line, what in sites.found]
+    return source, [Mutant(module, i, line, what, lines[line - 1].strip() if line else "")
+                    for i, line, what in sites.found]
 
 
 def mutated_source(source: str, index: int) -> str:
@@ -233,7 +236,7 @@ def _run_tests(tree: Path, tests: list[str]) -> None:
 
 
 def run(selected: list[str], jobs: int, timeout_factor: float, out: Path | None) -> int:
-    import numpy, torch, scipy.optimize, h5py, pandas, sklearn  # noqa: F401,E401  (once, before forking)
+    import numpy, torch, scipy.optimize, h5py, pandas, sklearn  # noqa: F401,E401,I001  (once, before forking)
     torch.set_num_threads(1)
     assert not any(m == "hpcfl" or m.startswith("hpcfl.") for m in sys.modules), "hpcfl must load in the children"
     equivalent = {line.strip() for line in EQUIVALENT.read_text().splitlines()
@@ -300,7 +303,7 @@ def _run_all(found: list[Mutant], source: str, module: str, tests: list[str], tr
             running[pid] = (mutant, slot, time.perf_counter())
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
-            for other, (mutant, slot, start) in list(running.items()):
+            for other, (_, _, start) in list(running.items()):
                 if time.perf_counter() - start > limit:
                     os.kill(other, signal.SIGKILL)          # a hang counts as killed
             time.sleep(0.05)
@@ -316,7 +319,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modules", nargs="+", choices=sorted(MODULES), default=sorted(MODULES))
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (one core each)")
-    parser.add_argument("--timeout-factor", type=float, default=3.0, help="a mutant's limit: this x the clean run + 10 s")
+    parser.add_argument("--timeout-factor", type=float, default=3.0,
+                        help="a mutant's limit: this x the clean run + 10 s")
     parser.add_argument("--out", type=Path, default=None, help="write the survivors here")
     parser.add_argument("--list", action="store_true", help="print the modules, their tests and mutant counts")
     args = parser.parse_args(argv)

@@ -1,6 +1,7 @@
 """The papers' tables and figures from result files, without writing a script:
 
-    python -m hpcfl.analyze table RESULTS... [--metric round/test_acc] [--by KEY ...] [--last 10] [--format md|csv|latex]
+    python -m hpcfl.analyze table RESULTS... [--metric round/test_acc] [--by KEY ...] [--last 10]
+                                                         [--format md|csv|latex]
     python -m hpcfl.analyze compare RESULTS... --baseline algorithm.name=fedavg [--stat final|last|best_val|rounds]
                                                          [--rounds R | --max-bytes B: at equal rounds or bytes]
     python -m hpcfl.analyze target RESULTS... --target 0.8 [--baseline algorithm.name=fedavg]
@@ -11,14 +12,16 @@
     python -m hpcfl.analyze curves RESULTS... --out FIG.png [--x round|bytes] [--metric ...]
     python -m hpcfl.analyze partition RUN.h5 --out FIG.png
 
-`hpcfl analyze ...` is the same command. RESULTS are result files or folders (searched recursively). Runs are grouped by `--by` config keys
-(default: every key whose value differs between runs, seeds and keys that cannot change the numbers
-aside) and aggregated over seeds; e.g. `table --metric final/feature_nmi` is FedFM's Table IV.
+`hpcfl analyze ...` is the same command. RESULTS are result files or folders (searched recursively).
+Runs are grouped by `--by` config keys (default: every key whose value differs between runs, seeds and
+keys that cannot change the numbers aside) and aggregated over seeds; e.g.
+`table --metric final/feature_nmi` is FedFM's Table IV.
 `table` gives the final value, the mean of the last k evaluations and, for runs with
 data.validation_fraction > 0, the value at the best-validation round (never the best test value).
 `compare` pairs each run with the baseline run of the same seeds and other keys, and gives the paired
-effect with its 95 % t-interval and a verdict (better / worse / inconclusive; hpcfl.analysis.paired). Unfinished runs count with their committed
-rounds and are listed; unreadable files are named on stderr, not fatal.
+effect with its 95 % t-interval and a verdict (better / worse / inconclusive; hpcfl.analysis.paired).
+Unfinished runs count with their committed rounds and are listed; unreadable files are named on
+stderr, not fatal.
 """
 import argparse
 import sys
@@ -34,7 +37,8 @@ from hpcfl.metrics import read_run
 # what each command reads: (dataset names, name prefixes); None: the --metric
 NEEDS = {"table": (None, ()), "compare": (None, ()), "target": (None, ()), "curves": (None, ("round/bytes_",)),
          "personal": (("round/personal_acc_mean", "round/personal_acc_std"), ()),
-         "forgetting": (("client_class/forgetting", "partition"), ()), "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
+         "forgetting": (("client_class/forgetting", "partition"), ()),
+         "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -55,9 +59,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             sub.add_argument("--max-bytes", type=float, default=None, help="read every run's rounds up to this many "
                              "bytes exchanged, both directions (equal communication)")
         if name == "compare":
-            sub.add_argument("--baseline", required=True, help="KEY=VALUE of the reference arm, e.g. algorithm.name=fedavg")
-            sub.add_argument("--stat", choices=STATISTICS, default="final", help="each run's figure (rounds: needs --target)")
-            sub.add_argument("--target", type=float, default=None, help="with --stat rounds: rounds to reach this value")
+            sub.add_argument("--baseline", required=True,
+                             help="KEY=VALUE of the reference arm, e.g. algorithm.name=fedavg")
+            sub.add_argument("--stat", choices=STATISTICS, default="final",
+                             help="each run's figure (rounds: needs --target)")
+            sub.add_argument("--target", type=float, default=None,
+                             help="with --stat rounds: rounds to reach this value")
         if name == "target":
             sub.add_argument("--target", type=float, required=True, help="rounds to reach this value of --metric")
             sub.add_argument("--baseline", default=None, help="KEY=VALUE of the reference group for the speed-up")
@@ -119,7 +126,8 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
                  "target": lambda: rounds_to_target(results, args.target, by,
                                                     dict([args.baseline.split("=", 1)]) if args.baseline else None,
                                                     args.metric),
-                 "personal": lambda: personalised(results, by), "forgetting": lambda: forgetting(results, by, args.gamma),
+                 "personal": lambda: personalised(results, by),
+                 "forgetting": lambda: forgetting(results, by, args.gamma),
                  "time": lambda: time_and_bytes(results, by)}[args.command]()
     except ValueError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")

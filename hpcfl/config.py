@@ -48,7 +48,8 @@ class DataConfig:
     train_samples: int = 0             # > 0: partition a random subset of this many training samples with the
                                        # training set's class mix (a CPU-sized study), drawn with data.seed
     validation_fraction: float = 0.0   # hold out this share of each client's data (FedFM: 0.2)
-    local_test_ratio: float = 0.0      # per-client test set, label mix of the client, size ratio x train (FedClassAvg: 0.3)
+    local_test_ratio: float = 0.0      # per-client test set, label mix of the client, size ratio x train
+                                       # (FedClassAvg: 0.3)
     seed: int = -1                     # fixes the split, its validation and local test sets (and FedKA's shared set)
                                        # apart from run.seed (init, cohorts, batches); -1: run.seed
 
@@ -155,8 +156,8 @@ CHOICES = {
 }
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
-NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.momentum", "train.weight_decay", "data.local_test_ratio",
-                "run.checkpoint_every", "run.round_timeout_s", "train.batched_clients"}
+NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.momentum", "train.weight_decay",
+                "data.local_test_ratio", "run.checkpoint_every", "run.round_timeout_s", "train.batched_clients"}
 # Keys that cannot change a run's numbers: a run may resume with other values, and the analysis never
 # groups or pairs runs by them.
 NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_keep", "run.round_timeout_s",

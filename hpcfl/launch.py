@@ -42,7 +42,8 @@ def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
     parser.add_argument("--check", action="store_true", help="validate the job file, print it resolved, and exit")
     parser.add_argument("--log-level", choices=LEVELS, default=None,
                         help="every rank's log level (default: INFO on rank 0, WARNING on the others)")
-    parser.add_argument("--log-dir", default=None, help="also write each rank's log to DIR/<run>[-<SLURM job>]-rank<r>.log")
+    parser.add_argument("--log-dir", default=None,
+                        help="also write each rank's log to DIR/<run>[-<SLURM job>]-rank<r>.log")
     return parser
 
 

@@ -20,6 +20,22 @@ FORMAT = "%(asctime)s rank %(rank)s %(host)s %(levelname)s %(message)s"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
+class _Console(logging.StreamHandler):
+    """sys.stdout or sys.stderr as they are when a line is logged (pytest and notebooks replace them)."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.which = name
+
+    @property
+    def stream(self):
+        return getattr(sys, self.which)
+
+    @stream.setter
+    def stream(self, value):        # StreamHandler.__init__ sets one; the property stands instead
+        pass
+
+
 class _Where(logging.Filter):
     """Stamps each record with this process's rank and host."""
 
@@ -40,9 +56,9 @@ def configure(rank: int = 0, level: str | None = None, log_dir: str | Path | Non
     LOG.setLevel(level or ("INFO" if rank == 0 else "WARNING"))
     LOG.propagate = False
     formatter, where = logging.Formatter(FORMAT, "%Y-%m-%d %H:%M:%S"), _Where(rank)
-    quiet = logging.StreamHandler(sys.stdout)
+    quiet = _Console("stdout")
     quiet.addFilter(lambda record: record.levelno < logging.WARNING)
-    loud = logging.StreamHandler(sys.stderr)
+    loud = _Console("stderr")
     loud.setLevel(logging.WARNING)
     handlers = [quiet, loud]
     if log_dir:

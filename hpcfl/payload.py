@@ -5,9 +5,9 @@ transport makes one collective per payload group, never one per tensor. The layo
 that ties the two views together: packing is linear, so summing packed buffers equals packing the
 summed tensors — which is why a weighted average can be one MPI reduce.
 """
+from collections.abc import Mapping
 from dataclasses import dataclass
 from math import prod
-from typing import Mapping
 
 import torch
 
@@ -35,7 +35,7 @@ class Layout:
 
     def select(self, keep) -> "Layout":
         """The entries whose name satisfies `keep(name)`, in order (a parameter-selected payload)."""
-        picked = [(n, s) for n, s in zip(self.names, self.shapes) if keep(n)]
+        picked = [(n, s) for n, s in zip(self.names, self.shapes, strict=True) if keep(n)]
         return Layout(tuple(n for n, _ in picked), tuple(s for _, s in picked))
 
     @property
@@ -49,9 +49,10 @@ class Layout:
     def _check(self, tensors: Mapping[str, torch.Tensor]) -> None:
         if tuple(tensors) != self.names and set(tensors) != set(self.names):
             raise PayloadError(f"payload has tensors {sorted(tensors)} but the layout declares {sorted(self.names)}")
-        for name, shape in zip(self.names, self.shapes):
+        for name, shape in zip(self.names, self.shapes, strict=True):
             if tuple(tensors[name].shape) != shape:
-                raise PayloadError(f"payload tensor '{name}' has shape {tuple(tensors[name].shape)}, layout declares {shape}")
+                raise PayloadError(f"payload tensor '{name}' has shape {tuple(tensors[name].shape)}, "
+                                   f"layout declares {shape}")
 
     def pack(self, tensors: Mapping[str, torch.Tensor], dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
         """One flat buffer (on the tensors' device) holding `scale * tensors` in layout order."""
@@ -67,7 +68,7 @@ class Layout:
         if not checked:
             self._check(tensors)
         offset = 0
-        for name, size in zip(self.names, self.sizes):
+        for name, size in zip(self.names, self.sizes, strict=True):
             src = tensors[name].reshape(-1)
             for start in range(0, size, CHUNK):           # a float32 -> float64 add would copy the whole tensor
                 part, piece = flat[offset + start:offset + min(start + CHUNK, size)], src[start:start + CHUNK]
@@ -82,7 +83,7 @@ class Layout:
         if flat.dim() != 1 or flat.numel() != self.numel:
             raise PayloadError(f"flat buffer has {flat.numel()} elements, layout needs {self.numel}")
         out, offset = {}, 0
-        for name, shape, size in zip(self.names, self.shapes, self.sizes):
+        for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
             out[name] = flat[offset:offset + size].view(shape)
             offset += size
         return out

@@ -15,8 +15,9 @@ exits with status 2 before any rank trains. A result file records each plug-in's
 package's version (`plugins` below).
 """
 import importlib
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from hpcfl.errors import ConfigError
 

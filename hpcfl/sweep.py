@@ -59,7 +59,8 @@ def _label(value) -> str:
 def _arms(sweep: dict, grid: dict) -> dict[str, dict]:
     arms = sweep.get("arms", {"": {}})
     if not isinstance(arms, dict) or not arms or not all(isinstance(a, dict) for a in arms.values()):
-        raise ConfigError('sweep.arms must be tables of config keys, e.g. [sweep.arms.FedAvg] "algorithm.name" = "fedavg"')
+        raise ConfigError("sweep.arms must be tables of config keys, "
+                          'e.g. [sweep.arms.FedAvg] "algorithm.name" = "fedavg"')
     for label, keys in arms.items():
         if label != _label(label) or "run.arm" in keys:
             raise ConfigError(f"sweep.arms.{label}: an arm's name is made of letters, digits and .+-_ and sets run.arm "
@@ -80,14 +81,15 @@ def points(raw: dict) -> list[list[str]]:
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError("sweep.grid must map each config key to a non-empty list of values, "
                           "e.g. { \"train.lr\" = [0.01, 0.1] }")
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+    if (not isinstance(seeds, list) or not seeds
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         raise ConfigError(f"sweep.seeds must be a non-empty list of integers, got {seeds!r}")
     base = raw.get("run", {}).get("name") or "sweep"
     out = []
     for (arm, keys), *values in itertools.product(_arms(sweep, grid).items(), *grid.values(), seeds):
         *chosen, seed = values
         name = "-".join([base, *([arm] if arm else []), *(_label(v) for v in chosen), f"seed{seed}"])
-        sets = {**keys, **({"run.arm": arm} if arm else {}), **dict(zip(grid, chosen))}
+        sets = {**keys, **({"run.arm": arm} if arm else {}), **dict(zip(grid, chosen, strict=True))}
         out.append([*(f"{k}={toml_value(v)}" for k, v in sets.items()), f"run.seed={seed}",
                     f"run.name={json.dumps(name)}"])
     return out
@@ -96,7 +98,8 @@ def points(raw: dict) -> list[list[str]]:
 def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("job")
     parser.add_argument("--list", action="store_true", help="print the points with their indices and exit")
     parser.add_argument("--index", type=int, default=None, help="the point to run (default: $SLURM_ARRAY_TASK_ID)")

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from hpcfl.config import read_job_file
-from hpcfl.jobs import load_job
 from hpcfl.errors import ConfigError, ResultsError
+from hpcfl.jobs import load_job
 from hpcfl.metrics import compact, read_run
 from hpcfl.sweep import points
 
@@ -135,7 +135,8 @@ def execute(tasks: list[tuple[str, list[str]]], parallel: int, cwd: Path, env: d
                 continue
             exit_code = os.waitstatus_to_exitcode(status)
             proc.returncode = exit_code
-            if exit_code and not (stopped and exit_code in (3, -stopped[0])):     # 3: checkpointed; or stopped while starting
+            # 3: checkpointed; or stopped while starting
+            if exit_code and not (stopped and exit_code in (3, -stopped[0])):
                 sys.stderr.write(f"studies: {' '.join(proc.args[-3:])} failed with exit code {exit_code}\n")
                 code = code or exit_code
     finally:

@@ -1,10 +1,11 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from hpcfl.config import JobConfig, apply_overrides, parse_override
-from hpcfl.jobs import job_from_dict, load_job
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict, load_job
 
 
 def test_defaults_and_derived_names():
@@ -80,7 +81,7 @@ def test_unreadable_job_files(tmp_path):
 
 
 def test_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         JobConfig().run.seed = 3
 
 

@@ -65,7 +65,7 @@ ints = st.integers(-2, 60) | st.integers() | st.sampled_from([INT64 - 1, -INT64,
 numbers = st.floats(-1.0, 2.0) | st.floats() | st.integers(-2, 60)         # NaN and infinities included
 strings = st.sampled_from(PLAUSIBLE) | st.text(max_size=12)
 scalars = st.one_of(ints, numbers, st.booleans(), strings, st.dates(), st.times(),
-                    st.datetimes(timezones=st.none() | st.just(datetime.timezone.utc)))
+                    st.datetimes(timezones=st.none() | st.just(datetime.UTC)))
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=3),
                       max_leaves=6)
 # Values of the type a key declares: examples that get past the type checks to ranges, choices and the
@@ -161,8 +161,9 @@ def names_a_key(message: str, touched) -> bool:
     """Whether an error message names a key: by its dotted path (train.lr, algorithm.params.mu), or one
     that was changed by its name in its table ("unknown key(s) ['x'] in [run]", "[run] must be a table")."""
     return bool(KEY_PATH.search(message)) or any(
-        f"[{'.'.join(path)}]" in message or any(repr(path[i]) in message and (i == 0 or f"[{'.'.join(path[:i])}]" in message)
-                                                for i in range(len(path)))      # the first unknown part, in its table
+        f"[{'.'.join(path)}]" in message
+        or any(repr(path[i]) in message and (i == 0 or f"[{'.'.join(path[:i])}]" in message)
+               for i in range(len(path)))      # the first unknown part, in its table
         for path in touched if path)
 
 
@@ -348,8 +349,8 @@ def test_the_command_line_exits_2_on_one_line_naming_the_key(tmp_path):
     roots = [tmp_path / f"results{i}" for i in range(len(cases))]
     processes = [subprocess.Popen([sys.executable, "-m", "hpcfl.launch", *map(str, args), "--results-root", str(root)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for (args, _), root in zip(cases, roots)]
-    for (args, key), root, process in zip(cases, roots, processes):
+                 for (args, _), root in zip(cases, roots, strict=True)]
+    for (args, key), root, process in zip(cases, roots, processes, strict=True):
         out, err = process.communicate(timeout=240)
         assert (process.returncode, out) == (2, ""), (args, err)
         assert err.startswith("hpcfl: error: ") and err.count("\n") == 1 and key in err, (args, err)

@@ -111,7 +111,8 @@ def test_registries_hold_the_built_ins_and_answer_membership_without_raising():
     assert "fedavg" in ALGORITHMS and "fedavg" in set(ALGORITHMS) and len(ALGORITHMS) == len(set(ALGORITHMS))
     assert ALGORITHMS["fedavg"] is hpcfl.FedAvg
     assert "labfl.model:Mlp" in MODELS and "nope" not in MODELS and "labfl.model:Nope" not in MODELS
-    recorded = plugins({"model.name": ["sklearn.linear_model:Ridge", "fmnist_cnn"], "data.dataset": ["labfl.data:blobs"]})
+    recorded = plugins({"model.name": ["sklearn.linear_model:Ridge", "fmnist_cnn"],
+                        "data.dataset": ["labfl.data:blobs"]})
     from importlib import metadata
 
     assert recorded == {"sklearn.linear_model:Ridge": {"key": "model.name", "module": "sklearn.linear_model",
@@ -126,8 +127,9 @@ def test_fedavg_written_from_the_contract_alone_is_the_built_in_fedavg(tiny_job,
 
     paths = {}
     for name in ("fedavg", "labfl.fedavg:MyFedAvg"):
-        config = load_job(tiny_job(rounds=3), [f"algorithm.name='{name}'", "train.momentum=0.9", "train.weight_decay=1e-3",
-                                               "data.validation_fraction=0.2", f"run.results_root='{tmp_path}'",
+        config = load_job(tiny_job(rounds=3), [f"algorithm.name='{name}'", "train.momentum=0.9",
+                                               "train.weight_decay=1e-3", "data.validation_fraction=0.2",
+                                               f"run.results_root='{tmp_path}'",
                                                f"run.name='{name.split(':')[-1]}'"])
         paths[name] = hpcfl.run(config)
     assert_same_metrics(run_metrics(paths["fedavg"]), run_metrics(paths["labfl.fedavg:MyFedAvg"]), exact=True)
@@ -175,7 +177,7 @@ def test_every_public_name_resolves_to_what_its_module_defines():
             assert value is getattr(importlib.import_module(hpcfl._EXPORTS[name]), name)
     assert hpcfl.Regularizer is hpcfl.Term           # the old name, for one release
     with pytest.raises(AttributeError, match="no attribute 'Regularisers'"):
-        hpcfl.Regularisers
+        _ = hpcfl.Regularisers
 
 
 def test_traits_are_one_record_inherited_but_for_the_promises_about_client_update():

@@ -85,7 +85,8 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics
     assert "requeueing job" in text and "resuming after round" in text
     shown = subprocess.run(["scontrol", "show", "job", jid], env=cluster, capture_output=True, text=True).stdout
     assert "Restarts=1" in shown
-    assert_same_metrics(_local_run(job, tmp_path, "straight"), run_metrics(tmp_path / "results" / "slurm" / "requeued.h5"))
+    assert_same_metrics(_local_run(job, tmp_path, "straight"),
+                        run_metrics(tmp_path / "results" / "slurm" / "requeued.h5"))
 
 
 def test_srun_without_an_mpi_plugin_is_refused_with_the_fix(cluster, tmp_path):

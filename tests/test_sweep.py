@@ -74,7 +74,8 @@ def test_bad_sweeps_and_direct_launches_are_refused_by_name(job, tmp_path, capsy
     assert "sweep.seeds" in capsys.readouterr().err
 
 
-ARMS = {"FedAvg": {"algorithm.name": "fedavg"}, "FedProx": {"algorithm.name": "fedprox", "algorithm.params": {"mu": 0.01}}}
+ARMS = {"FedAvg": {"algorithm.name": "fedavg"},
+        "FedProx": {"algorithm.name": "fedprox", "algorithm.params": {"mu": 0.01}}}
 
 
 def test_arms_set_their_keys_together_outermost_and_label_the_run(job):

@@ -16,8 +16,19 @@ from hpcfl.config import TrainConfig
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.jobs import job_from_dict
 from hpcfl.runtime.build import build_models
-from hpcfl.terms import (TERMS, ContrastiveGuiding, L2Matching, Linear, Moon, NotTrueDistillation, ProjectedClassifier,
-                         Prox, RestrictedSoftmax, SupCon, build_terms)
+from hpcfl.terms import (
+    TERMS,
+    ContrastiveGuiding,
+    L2Matching,
+    Linear,
+    Moon,
+    NotTrueDistillation,
+    ProjectedClassifier,
+    Prox,
+    RestrictedSoftmax,
+    SupCon,
+    build_terms,
+)
 from hpcfl.training import LocalTrainer
 
 
@@ -121,7 +132,7 @@ def test_prox_in_the_local_trainer_with_momentum_and_weight_decay():
         w1 = w0 - lr * g0
         g1 = mu * (w1 - r) + decay * w1
         assert torch.allclose(p.detach().double(), w1 - lr * (momentum * g0 + g1), atol=1e-6), name
-        prox_losses = [loss + 0.25 * ((w - r) ** 2).sum().item() for loss, w in zip(prox_losses, (w0, w1))]
+        prox_losses = [loss + 0.25 * ((w - r) ** 2).sum().item() for loss, w in zip(prox_losses, (w0, w1), strict=True)]
     # the reported loss: the mean over both steps of cross-entropy (uniform: log 3) plus the prox term
     assert out == {"train_loss": pytest.approx(math.log(3) + sum(prox_losses) / 2, rel=1e-5), "steps": 2.0}
 
@@ -166,7 +177,8 @@ def test_moon_carries_the_clients_previous_model_across_rounds():
     glob = _state(model, **{"body.weight": torch.eye(2)})
     client = _client()
     other = torch.tensor([7.0])                          # the algorithm's and another term's state stay
-    client.state, client.term_state = {"c": other}, {"other": {"c": other}, "moon": _state(model, **{"body.weight": quarter})}
+    client.state = {"c": other}
+    client.term_state = {"other": {"c": other}, "moon": _state(model, **{"body.weight": quarter})}
     x = torch.tensor([[1.0, 2.0], [-3.0, 0.5]])
     model.load_state_dict(glob)
     term.start(model, client, 3, {"model": glob})
@@ -221,7 +233,7 @@ def _supcon_by_hand(views, labels, temperature, base, weight, normalize):
         z = [[a / math.sqrt(sum(b * b for b in v)) for a in v] for v in z]
     total = 0.0
     for i in range(len(z)):
-        s = [sum(a * b for a, b in zip(z[i], z[j])) / temperature for j in range(len(z))]
+        s = [sum(a * b for a, b in zip(z[i], z[j], strict=True)) / temperature for j in range(len(z))]
         log_denominator = math.log(sum(math.exp(s[j]) for j in range(len(z)) if j != i))
         positives = [j for j in range(len(z)) if j != i and label[j] == label[i]]
         total -= sum(s[j] - log_denominator for j in positives) / len(positives)
@@ -451,7 +463,8 @@ def test_fedrs_and_ntd_defaults_are_the_papers():
 @pytest.mark.parametrize("beta, tau", [(1.0, 1.0), (2.0, 2.0)])
 def test_ntd_distils_only_the_not_true_classes(beta, tau):
     model = TinyNet()
-    reference = _state(model, **{"classifier.weight": torch.zeros(3, 2), "classifier.bias": torch.tensor([5.0, 1.0, 1.0])})
+    reference = _state(model, **{"classifier.weight": torch.zeros(3, 2),
+                                 "classifier.bias": torch.tensor([5.0, 1.0, 1.0])})
     term = NotTrueDistillation(NotTrueDistillation.Params(beta=beta, tau=tau))
     term.start(model, _client(), 0, {"model": reference})
     local = torch.tensor([[1.0, 2.0, 3.0]])          # true class 0 is dropped: not-true logits [2, 3]
@@ -544,7 +557,8 @@ def test_bad_term_config_is_named(algorithm, message):
     ({"algorithm": {"terms": ["fm_cg", "fm_l2"]}}, "algorithm.terms has ['fm_cg', 'fm_l2']: use one"),
     ({"algorithm": {"terms": ["prox", "moon"]}, "run": {"placement": "per_round"}},
      "run.placement = 'per_round' deals each round's clients to any worker"),      # MOON keeps the previous model
-    ({"algorithm": {"name": "ensemble"}, "data": {"num_clients": 8}, "train": {"clients_per_round": 4}}, "train.clients_per_round = data.num_clients (8)"),
+    ({"algorithm": {"name": "ensemble"}, "data": {"num_clients": 8}, "train": {"clients_per_round": 4}},
+     "train.clients_per_round = data.num_clients (8)"),
     ({"algorithm": {"name": "ensemble", "terms": ["fm_cg"]}, "data": {"num_clients": 8},
       "train": {"clients_per_round": 8}}, "no global model to compute FedFM's anchors with"),
 ])

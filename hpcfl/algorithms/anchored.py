@@ -44,9 +44,10 @@ class WithAnchors:
         own = self.inner.plan(round)
         if round < self.term.params.start_round:
             return own
-        return [self.opening, *(dataclasses.replace(p, downlink={**{k: v for k, v in p.downlink.items() if k != "model"},
-                                                                 ANCHORS: self.down}) if isinstance(p, Phase) else p
-                                for p in own)]
+        return [self.opening,
+                *(dataclasses.replace(p, downlink={**{k: v for k, v in p.downlink.items() if k != "model"},
+                                                   ANCHORS: self.down}) if isinstance(p, Phase) else p
+                  for p in own)]
 
     def init_server_state(self, model):
         setup = self.inner.setup

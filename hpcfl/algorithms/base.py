@@ -27,8 +27,9 @@ in `aggregate`: weighted averaging costs one reduce whatever the number of clien
 Algorithms never import MPI; the runtime and the transport never import a concrete algorithm.
 """
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import torch

@@ -71,8 +71,9 @@ class FedClassAvg(Personal):
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
-        self.terms[:0] = [SupCon(SupCon.Params(params.supcon_weight, params.temperature, params.base_temperature, params.normalize)),
-                                 Prox(Prox.Params(params.rho, scope="classifier", reduction="mean"))]
+        self.terms[:0] = [SupCon(SupCon.Params(params.supcon_weight, params.temperature, params.base_temperature,
+                                               params.normalize)),
+                          Prox(Prox.Params(params.rho, scope="classifier", reduction="mean"))]
         self.shared = setup.model_layout.select(lambda n: params.share == "all" or n.startswith("classifier."))
         self.phase = Phase("train", downlink={SHARED: self.shared},
                            uplink={SHARED: weighted(self.shared)})

@@ -45,8 +45,20 @@ import torch
 from hpcfl.algorithms.base import Algorithm
 from hpcfl.algorithms.bbp_map import Prior, match_neurons
 from hpcfl.algorithms.initial import InitParams, independent_init
-from hpcfl.algorithms.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, recurrent, resize_,
-                                      signature, width, with_signature)
+from hpcfl.algorithms.neurons import (
+    chain,
+    decode,
+    encode,
+    pick,
+    pick_inputs,
+    place,
+    place_inputs,
+    recurrent,
+    resize_,
+    signature,
+    width,
+    with_signature,
+)
 from hpcfl.algorithms.phases import MATCHED, Matching, MatchPhase, Phase
 from hpcfl.errors import ConfigError
 from hpcfl.payload import Layout
@@ -123,12 +135,12 @@ class FedMA(Matching, Algorithm):
             self.widths[i] = count = means.shape[0]
             merged = with_signature(shapes, layer, torch.from_numpy(means))
             for p in recurrent(layer):          # LSTM hidden-to-hidden: mean over the clients holding each entry
-                placed = [place(s, layer, a, count)[p.key] for s, a in zip(states, assignment)]
+                placed = [place(s, layer, a, count)[p.key] for s, a in zip(states, assignment, strict=True)]
                 held = [place({**s, p.key: torch.ones_like(s[p.key])}, layer, a, count)[p.key]
-                        for s, a in zip(states, assignment)]
+                        for s, a in zip(states, assignment, strict=True)]
                 merged[p.key] = sum(placed) / sum(held).clamp(min=1)
             shared = torch.cat([torch.tensor([float(count)], dtype=torch.float64), encode(merged, layer)])
-            replies = {c: torch.from_numpy(a) for c, a in zip(clients, assignment)}
+            replies = {c: torch.from_numpy(a) for c, a in zip(clients, assignment, strict=True)}
         for p in layer.params:                  # a new shape, on the server's device
             key = f"model.{p.key}"
             server_state[key] = merged[p.key].to(server_state[key].device, self.template[p.key].dtype)
@@ -148,7 +160,8 @@ class FedMA(Matching, Algorithm):
     def server_metrics(self, server_state):
         size = sum(v.numel() for k, v in server_state.items() if k.startswith("model."))
         return {"global_params": size, "growth_rate": size / sum(v.numel() for v in self.template.values()),
-                **{f"width/{layer.name}": w for layer, w in zip(self.layers[:-1], self.widths)},
+                # strict=False: the last layer's width (the classes) is left out
+                **{f"width/{layer.name}": w for layer, w in zip(self.layers[:-1], self.widths, strict=False)},
                 **{f"match_s/{k}": v for k, v in self.match_s.items()}}
 
     def carried_state(self):

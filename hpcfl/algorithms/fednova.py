@@ -54,7 +54,8 @@ def check_prox(name: str, job) -> None:
 
 class FedNova(FedAvg):
     name = "fednova"
-    traits = Traits(batched=True, stateless=True, sgd_only="its normalisation counts SGD steps (with momentum and prox)")
+    traits = Traits(batched=True, stateless=True,
+                    sgd_only="its normalisation counts SGD steps (with momentum and prox)")
 
     @classmethod
     def check(cls, job):

@@ -15,8 +15,14 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from hpcfl.algorithms.anchors import (ANCHORS, anchor_layouts, anchor_state, initial_anchors, local_anchors,
-                                      update_anchors)
+from hpcfl.algorithms.anchors import (
+    ANCHORS,
+    anchor_layouts,
+    anchor_state,
+    initial_anchors,
+    local_anchors,
+    update_anchors,
+)
 from hpcfl.algorithms.base import Phase
 from hpcfl.algorithms.personal import Personal
 from hpcfl.terms import Term

@@ -54,15 +54,17 @@ def chain(model: nn.Module) -> list[Layer]:
         own = dict(module.named_parameters(recurse=False))
         if not own:
             continue
-        key = (lambda p: f"{name}.{p}") if name else (lambda p: p)
+        key = (lambda p, name=name: f"{name}.{p}") if name else (lambda p: p)
         if isinstance(module, (nn.Conv2d, nn.Linear)) and getattr(module, "groups", 1) == 1:
             params = [Param(key("weight"), 0, inp=1)] + ([Param(key("bias"), 0, bias=True)] if "bias" in own else [])
         elif isinstance(module, nn.Embedding):
             params = [Param(key("weight"), 1)]
         elif isinstance(module, nn.LSTM) and module.num_layers == 1 and not module.bidirectional \
                 and not module.proj_size and module.bias:
-            params = [Param(key("weight_ih_l0"), 0, inp=1, groups=4), Param(key("weight_hh_l0"), 0, recurrent=1, groups=4),
-                      Param(key("bias_ih_l0"), 0, groups=4, bias=True), Param(key("bias_hh_l0"), 0, groups=4, bias=True)]
+            params = [Param(key("weight_ih_l0"), 0, inp=1, groups=4),
+                      Param(key("weight_hh_l0"), 0, recurrent=1, groups=4),
+                      Param(key("bias_ih_l0"), 0, groups=4, bias=True),
+                      Param(key("bias_hh_l0"), 0, groups=4, bias=True)]
         else:
             raise ConfigError(f"layer '{name}' ({type(module).__name__}) cannot be matched neuron by neuron: matched "
                               "averaging takes Conv2d, Linear, Embedding and 1-layer LSTM without BatchNorm "

@@ -39,12 +39,14 @@ class Personal(Algorithm):
 
     def init_client_state(self, client, initial_model):
         if client.architecture not in self.initial:
-            self.initial[client.architecture] = {k: v.detach().clone().cpu() for k, v in initial_model.state_dict().items()}
+            self.initial[client.architecture] = {k: v.detach().clone().cpu()
+                                                 for k, v in initial_model.state_dict().items()}
         return {}
 
     def own_model(self, client) -> Tensors:
         """The client's own model state (its architecture's initial model before it first trains)."""
-        return {k[len(OWN):]: v for k, v in client.state.items() if k.startswith(OWN)} or self.initial[client.architecture]
+        return ({k[len(OWN):]: v for k, v in client.state.items() if k.startswith(OWN)}
+                or self.initial[client.architecture])
 
     def keep_model(self, client, model) -> None:
         client.state.update({OWN + k: v.detach().clone() for k, v in model.state_dict().items()})

@@ -12,8 +12,8 @@
 
 The runtime runs each kind with its own step (hpcfl.runtime.loop), chosen by the phase's type.
 """
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 

@@ -2,12 +2,12 @@
 
 Runs are paired when they differ only in the compared arm: the same values of every other key that
 varies within an arm (a grid key; a key fixed within each arm, such as algorithm.name across
-run.arm's arms, describes the arm) and the same seeds (run.seed and the split's data.seed). Pairing removes what the seed does to
-both arms alike (the split, the initialisation, the cohorts), which for FL on non-IID splits is often
-larger than the effect under study. Per group and arm the table gives the paired differences' mean,
-std and number n, a 95 % t-interval for the mean, and a verdict: `better` or `worse` when the interval
-excludes no-effect, `inconclusive` when it contains it (or n < 2); the interval's half-width is the
-smallest effect these runs could have resolved.
+run.arm's arms, describes the arm) and the same seeds (run.seed and the split's data.seed). Pairing
+removes what the seed does to both arms alike (the split, the initialisation, the cohorts), which for
+FL on non-IID splits is often larger than the effect under study. Per group and arm the table gives
+the paired differences' mean, std and number n, a 95 % t-interval for the mean, and a verdict: `better`
+or `worse` when the interval excludes no-effect, `inconclusive` when it contains it (or n < 2); the
+interval's half-width is the smallest effect these runs could have resolved.
 
 The statistic of each run is one of hpcfl.analysis.tables.STATISTICS: the final evaluated value, the
 mean of the last k, the value at the best-validation round, or the rounds to reach a target; for
@@ -89,13 +89,13 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
             mine = runs_of_arm.set_index(list(PAIR_KEYS))
             shared = mine.index.intersection(base.index)
             partnered |= set(shared)
-            unpaired += [p for i, p in zip(mine.index, mine["path"]) if i not in shared]
+            unpaired += [p for i, p in zip(mine.index, mine["path"], strict=True) if i not in shared]
             a, b = mine.loc[shared, "#value"].to_numpy(float), base.loc[shared, "#value"].to_numpy(float)
             effects = b / a if stat == "rounds" else a - b
             mean, std, low, high = interval(effects[np.isfinite(effects)])
             spoilt = int((~(mine.loc[shared, "#done"].to_numpy() & base.loc[shared, "#done"].to_numpy())).sum())
-            rows.append({**dict(zip(groups, values)), key: arm, "n": int(np.isfinite(effects).sum()),
+            rows.append({**dict(zip(groups, values, strict=True)), key: arm, "n": int(np.isfinite(effects).sum()),
                          **({"unfinished": spoilt} if unfinished else {}), "effect_mean": mean, "effect_std": std,
                          "ci95_low": low, "ci95_high": high, "verdict": verdict(low, high, null, higher_is_better)})
-        unpaired += [p for i, p in zip(base.index, base["path"]) if i not in partnered]
+        unpaired += [p for i, p in zip(base.index, base["path"], strict=True) if i not in partnered]
     return pd.DataFrame(rows), sorted(unpaired)

@@ -70,7 +70,8 @@ def load(paths, metrics=("round/test_acc",), prefixes=()) -> Results:
 
 def bytes_exchanged(metrics: dict[str, np.ndarray]) -> np.ndarray:
     """Cumulative bytes sent and received up to each round, every payload and direction."""
-    parts = [v for k, v in metrics.items() if k.startswith(("round/bytes_up/", "round/bytes_down/", "round/bytes_exchange/"))]
+    parts = [v for k, v in metrics.items()
+             if k.startswith(("round/bytes_up/", "round/bytes_down/", "round/bytes_exchange/"))]
     return np.cumsum(np.nansum(parts, axis=0)) if parts else np.zeros(0)
 
 
@@ -82,7 +83,7 @@ def truncate(results: Results, rounds: int | None = None, max_bytes: float | Non
     payload, both directions; needs the round/bytes_* series loaded) stay within `max_bytes`: a
     comparison at equal rounds, or at equal communication, of runs that ran for different lengths."""
     series, kept = {}, []
-    for path, count in zip(results.runs["path"], results.runs["rounds"]):
+    for path, count in zip(results.runs["path"], results.runs["rounds"], strict=True):
         metrics, keep = results.series[path], int(count)
         if rounds is not None:
             keep = min(keep, rounds)
@@ -100,7 +101,8 @@ def tidy(results: Results) -> pd.DataFrame:
         for metric, values in metrics.items():
             frames.append(pd.DataFrame({"path": path, "round": np.arange(len(values)), "metric": metric,
                                         "value": values}))
-    long = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["path", "round", "metric", "value"])
+    long = (pd.concat(frames, ignore_index=True) if frames
+            else pd.DataFrame(columns=["path", "round", "metric", "value"]))
     return long.merge(results.runs, on="path", how="left")
 
 

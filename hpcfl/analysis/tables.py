@@ -10,7 +10,6 @@ import pandas as pd
 from hpcfl.analysis.results import Results, completed
 from hpcfl.data.splits import class_categories
 
-
 SELECTION = "round/val_acc"       # what picks a run's round: the global model on the clients' held-out data
 
 
@@ -79,7 +78,8 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     a run did not complete (diverged, interrupted, still running) a column `unfinished` counts them
     per group: their truncated series enter no figure, and leaving them out silently would flatter."""
     stats = {"final": "final", f"last{last}": "last", "best_val": "best_val"}
-    runs = results.runs.assign(**{name: _per_run_stat(results, stat, metric, last=last) for name, stat in stats.items()})
+    runs = results.runs.assign(**{name: _per_run_stat(results, stat, metric, last=last)
+                                  for name, stat in stats.items()})
     done = completed(runs)
     runs.loc[~done, list(stats)] = np.nan
     if not runs["best_val"].notna().any():
@@ -131,7 +131,7 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
     rows, any_unfinished = [], not runs["done"].all()
     for key, group in _grouped(runs, by):
         per_class, per_role, unfinished = [], [], 0
-        for path, done in zip(group["path"], group["done"]):
+        for path, done in zip(group["path"], group["done"], strict=True):
             series = results.series[path]
             if "client_class/forgetting" not in series:
                 continue
@@ -146,11 +146,13 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
                 per_role.append([np.nanmean(degree[:, m]) if m.any() else np.nan for m in masks])
         if per_class or unfinished:
             roles = np.nanmean(per_role, axis=0) if per_role else [np.nan] * 3
-            rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(per_class),
+            # strict=False: with no `by`, _grouped keys the one group "all", which names no column
+            rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=False)),
+                         "runs": len(per_class),
                          **({"unfinished": unfinished} if any_unfinished else {}),
                          **{f"class {c}": v for c, v in enumerate(np.mean(per_class, axis=0) if per_class else [])},
                          "all classes": float(np.mean(per_class)) if per_class else np.nan,
-                         **dict(zip(("dominant", "non-dominant", "missing"), roles))})
+                         **dict(zip(("dominant", "non-dominant", "missing"), roles, strict=True))})
     return pd.DataFrame(rows)
 
 
@@ -171,7 +173,9 @@ def time_and_bytes(results: Results, by: list[str]) -> pd.DataFrame:
                         if k.startswith("round/bytes_")})
             per_run.append(row)
         mean = pd.DataFrame(per_run).mean()
-        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(per_run), **mean.to_dict()})
+        # strict=False: with no `by`, _grouped keys the one group "all", which names no column
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=False)), "runs": len(per_run),
+                     **mean.to_dict()})
     return pd.DataFrame(rows)
 
 
@@ -183,12 +187,12 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             continue
         if name.endswith("_mean") and name[:-5] + "_std" in table.columns:
             std = table[name[:-5] + "_std"]
-            cells.append([f"{m:.4f} ± {s:.4f}" for m, s in zip(table[name], std)])
+            cells.append([f"{m:.4f} ± {s:.4f}" for m, s in zip(table[name], std, strict=True)])
             columns.append(name[:-5])
         else:
             cells.append([f"{v:.4f}" if isinstance(v, float) else str(v) for v in table[name]])
             columns.append(name)
-    return columns, [list(row) for row in zip(*cells)]
+    return columns, [list(row) for row in zip(*cells, strict=True)]
 
 
 def render(table: pd.DataFrame, fmt: str = "md") -> str:

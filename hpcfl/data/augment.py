@@ -6,7 +6,7 @@ per round and client, e.g. `torch_generator(seed, "augment", round, client, devi
 applies them with tensor ops. The generator must live on x's device.
 """
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

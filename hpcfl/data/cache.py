@@ -16,8 +16,8 @@ import logging
 import os
 import uuid
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -5,9 +5,9 @@ One module per file format: idx (Fashion-MNIST, MNIST, EMNIST letters), cifar, f
 Tiny-ImageNet), leaf (Shakespeare); base holds what they share.
 """
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -22,10 +22,10 @@ from hpcfl.plugins import Registry, callable_check
 from hpcfl.seeding import numpy_rng
 
 # Per-channel mean/std of each training set after scaling to [0, 1] (pixel statistics over the whole
-# set), kept next to each format's loader. Fashion-MNIST and digits were computed here from the data; the others are the published
-# full-precision values for their training sets (MNIST: PyTorch's MNIST example; EMNIST letters:
-# Lightning Bolts' emnist_normalization; CIFAR: recomputed by many from the python batches; CINIC-10:
-# its README; Tiny-ImageNet: the widely used values, not recomputed here).
+# set), kept next to each format's loader. Fashion-MNIST and digits were computed here from the data;
+# the others are the published full-precision values for their training sets (MNIST: PyTorch's MNIST
+# example; EMNIST letters: Lightning Bolts' emnist_normalization; CIFAR: recomputed by many from the
+# python batches; CINIC-10: its README; Tiny-ImageNet: the widely used values, not recomputed here).
 _DIGITS_MEAN, _DIGITS_STD = (0.30474115,), (0.37591933,)
 
 _SYNTHETIC_SHAPE = (1, 8, 8)       # 64 features (FedProx uses 60) as a square, so image models accept it too

@@ -3,10 +3,10 @@ torchvision's or a flat layout."""
 import gzip
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -99,7 +99,9 @@ def _decode(spec: "_IdxSet", paths: list[Path], train_images: bool) -> dict:
                             "replace them with intact copies")
 
     def pixels(img):
-        return None if img is None else np.ascontiguousarray((img.transpose(0, 2, 1) if spec.transposed else img)[:, None])
+        if img is None:
+            return None
+        return np.ascontiguousarray((img.transpose(0, 2, 1) if spec.transposed else img)[:, None])
 
     return {"train_x": pixels(train_img), "train_y": train_lbl.astype(np.int64) - spec.first_label,
             "test_x": pixels(test_img), "test_y": test_lbl.astype(np.int64) - spec.first_label}

@@ -6,7 +6,7 @@ a partition (the subset it partitions, validation and local test samples, FedKA'
 hpcfl.data.splits.
 """
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -76,7 +76,8 @@ def _deal(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> l
     class_sizes = np.unique(labels, return_counts=True)[1]
     by_class = np.split(np.argsort(labels, kind="stable"), np.cumsum(class_sizes)[:-1])
     owner = np.full(len(labels), -1, dtype=np.int64)
-    for members, row in zip(by_class, counts):
+    # strict=False: with no labels at all, np.split gives one empty piece and counts has no rows
+    for members, row in zip(by_class, counts, strict=False):
         owner[rng.permutation(members)[:row.sum()]] = np.repeat(np.arange(counts.shape[1]), row)
     order = np.argsort(owner, kind="stable")[np.count_nonzero(owner < 0):]
     return np.split(order, np.cumsum(counts.sum(axis=0))[:-1])

@@ -28,7 +28,7 @@ def training_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
     classes, counts = np.unique(labels, return_counts=True)
     rng = numpy_rng(seed, "subset")
     picked = [rng.choice(np.flatnonzero(labels == k), n, replace=False)
-              for k, n in zip(classes, apportion(size, counts))]
+              for k, n in zip(classes, apportion(size, counts), strict=True)]
     return np.sort(np.concatenate(picked)).astype(np.int64)
 
 

@@ -13,7 +13,7 @@ from hpcfl.seeding import numpy_rng
 @torch.no_grad()
 def feature_quality(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, seed: int,
                     samples: int = 2000, batch_size: int = 1000) -> dict[str, float]:
-    from sklearn.cluster import KMeans          # here: importing scikit-learn costs every run 0.8 s of start-up
+    from sklearn.cluster import KMeans  # here: importing scikit-learn costs every run 0.8 s of start-up
     from sklearn.metrics import normalized_mutual_info_score, silhouette_score
 
     pick = torch.from_numpy(np.sort(numpy_rng(seed, "feature_space").choice(len(y), min(samples, len(y)),

@@ -21,7 +21,7 @@ inconsistent file; it should retry.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import h5py
@@ -53,7 +53,7 @@ class Recorder:
         self._rounds = 0
 
     @classmethod
-    def create(cls, path: Path, attrs: dict) -> "Recorder":
+    def create(cls, path: Path, attrs: dict) -> Recorder:
         """Create a new result file; an existing file is never overwritten."""
         path = Path(path)
         exists = ResultsError(
@@ -68,7 +68,7 @@ class Recorder:
             raise exists from None
         recorder = cls(file)
         file.attrs["schema_version"] = SCHEMA_VERSION
-        file.attrs["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        file.attrs["created"] = datetime.now(UTC).isoformat(timespec="seconds")
         file.attrs["committed_rounds"] = np.int64(0)
         file.attrs[JSON_ATTRS] = "[]"
         try:
@@ -82,7 +82,7 @@ class Recorder:
         return recorder
 
     @classmethod
-    def reopen(cls, path: Path, rounds: int) -> "Recorder":
+    def reopen(cls, path: Path, rounds: int) -> Recorder:
         """Open a run's file to continue it after `rounds` rounds: later rows are dropped (they will be
         written again, identically, by the resumed run)."""
         file = h5py.File(path, "r+", locking=False)
@@ -191,7 +191,7 @@ class Recorder:
         if self._file:
             self._file.close()
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcfl.plugins import Registry, callable_check
 from hpcfl.models.alexnet import AlexNetCifar
 from hpcfl.models.cnn import FmnistCNN
 from hpcfl.models.common import NoOptions
 from hpcfl.models.fedma import VGG9, CharLSTM, LeNet
 from hpcfl.models.tcnn import TCNN
 from hpcfl.models.vision import GoogLeNet, ResNet18, ResNet50, ShuffleNetV2
+from hpcfl.plugins import Registry, callable_check
 
 # model.name -> Model(in_shape, num_classes[, options=Model.Options(...)]); width of features(x) in the
 # comment. Or a plug-in's "package.module:Model" (hpcfl.plugins).

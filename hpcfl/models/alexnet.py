@@ -17,14 +17,14 @@ For 1x28x28 the pools give 14, 7, 3 and the fc takes 256 * 3 * 3 = 2304 inputs."
 import torch
 from torch import nn
 
-from hpcfl.models.common import HeadOptions, activation, classifier, flat_size, image_shape
+from hpcfl.models.common import DEFAULT_HEAD, HeadOptions, activation, classifier, flat_size, image_shape
 
 
 class AlexNetCifar(nn.Module):
     Options = HeadOptions
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, feature_dim: int = 512, dropout: float = 0.5,
-                 options: HeadOptions = HeadOptions()):
+                 options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
         channels, _, _ = image_shape(in_shape, "alexnet_cifar")
         self.conv = nn.Sequential(

@@ -11,14 +11,14 @@ and trains stably with BatchNorm."""
 import torch
 from torch import nn
 
-from hpcfl.models.common import HeadOptions, activation, classifier, flat_size, image_shape
+from hpcfl.models.common import DEFAULT_HEAD, HeadOptions, activation, classifier, flat_size, image_shape
 
 
 class FmnistCNN(nn.Module):
     Options = HeadOptions
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, width: int = 16, feature_dim: int = 128,
-                 batchnorm: bool = False, options: HeadOptions = HeadOptions()):
+                 batchnorm: bool = False, options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
         name = "fmnist_cnn_bn" if batchnorm else "fmnist_cnn"
         channels, _, side = image_shape(in_shape, name)

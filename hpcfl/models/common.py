@@ -53,6 +53,9 @@ class HeadOptions:
     preactivation: bool = False     # features stop before that ReLU, which starts the classifier
 
 
+DEFAULT_HEAD = HeadOptions()        # the constructors' default (frozen, so one instance serves them all)
+
+
 @dataclass(frozen=True)
 class NoOptions:
     """[model] params of a model without options."""

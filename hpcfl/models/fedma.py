@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpcfl.errors import ConfigError
-from hpcfl.models.common import HeadOptions, classifier, image_shape, require_side
+from hpcfl.models.common import DEFAULT_HEAD, HeadOptions, classifier, image_shape, require_side
 from hpcfl.models.tcnn import TCNN
 
 
@@ -30,7 +30,7 @@ class LeNet(TCNN):
     For other inputs conv1 takes in_shape[0] channels and fc1 takes the flattened size
     (800 for 1x28x28, 1250 for 3x32x32)."""
 
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int, options: HeadOptions = HeadOptions()):
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, options: HeadOptions = DEFAULT_HEAD):
         super().__init__(in_shape, num_classes, feature_dim=500, widths=(20, 50), name="lenet", options=options)
 
 
@@ -69,7 +69,7 @@ class VGG9(nn.Module):
 
     Options = HeadOptions
 
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int, options: HeadOptions = HeadOptions()):
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
         self.preactivation = options.preactivation
         channels, height, width = image_shape(in_shape, "vgg9")

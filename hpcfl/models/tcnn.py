@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hpcfl.models.common import HeadOptions, classifier, flat_size, image_shape
+from hpcfl.models.common import DEFAULT_HEAD, HeadOptions, classifier, flat_size, image_shape
 
 
 class TCNN(nn.Module):
@@ -25,7 +25,7 @@ class TCNN(nn.Module):
     Options = HeadOptions
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, kernel_size: int = 5, feature_dim: int = 512,
-                 widths: tuple[int, int] = (32, 64), name: str = "tcnn", options: HeadOptions = HeadOptions()):
+                 widths: tuple[int, int] = (32, 64), name: str = "tcnn", options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
         self.preactivation = options.preactivation
         channels, _, _ = image_shape(in_shape, name)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hpcfl.models.common import HeadOptions, activation, classifier, image_shape
+from hpcfl.models.common import DEFAULT_HEAD, HeadOptions, activation, classifier, image_shape
 
 
 class _Split(nn.Module):
@@ -105,7 +105,7 @@ class ShuffleNetV2(_Split):
     Options = HeadOptions
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, feature_dim: int = 512,
-                 options: HeadOptions = HeadOptions()):
+                 options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
         channels, _, _ = image_shape(in_shape, "shufflenetv2")
         from torchvision import models as tvm
@@ -123,7 +123,7 @@ class GoogLeNet(_Split):
     Options = HeadOptions
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, feature_dim: int = 512,
-                 options: HeadOptions = HeadOptions()):
+                 options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
         channels, _, _ = image_shape(in_shape, "googlenet")
         from torchvision import models as tvm

@@ -117,7 +117,8 @@ def load_clients(directory: Path, hosted, rank: int | None = None) -> tuple[dict
     """The states of the clients `hosted` here and each writer's RNG state: from rank `rank`'s file
     when given (the same topology places the same clients), else from every rank's file."""
     states, rngs = {}, {}
-    for path in [directory / f"clients-rank{rank}.pt"] if rank is not None else sorted(directory.glob("clients-rank*.pt")):
+    paths = [directory / f"clients-rank{rank}.pt"] if rank is not None else sorted(directory.glob("clients-rank*.pt"))
+    for path in paths:
         part = load(directory, path.name)
         rngs[int(path.stem.removeprefix("clients-rank"))] = part["rng"]
         states.update({c: s for c, s in part["clients"].items() if c in hosted})

@@ -26,7 +26,8 @@ from hpcfl.errors import ResultsError
 HEARTBEAT_S = 30.0      # rank 0 touches its lock this often
 STALE_S = 300.0         # a lock untouched this long has no live owner (ten missed heartbeats)
 
-_held: dict[Path, tuple[list[Path], threading.Event]] = {}   # lock file -> (folders claiming it created, heartbeat stop)
+# lock file -> (folders claiming it created, heartbeat stop)
+_held: dict[Path, tuple[list[Path], threading.Event]] = {}
 
 
 def lock_path(result_path: Path) -> Path:
@@ -94,11 +95,12 @@ def claim(result_path: Path) -> None:
         if not _gone(owner, me) and silent <= STALE_S:
             temporary.unlink()
             raise ResultsError(f"{result_path} is being written by another run ({_describe(owner)}; lock file "
-                               f"{path}, refreshed {silent:.0f} s ago). Wait for it, or choose another run.name; a lock "
-                               f"not refreshed for {STALE_S:.0f} s is taken over by the next run") from None
+                               f"{path}, refreshed {silent:.0f} s ago). Wait for it, or choose another run.name; "
+                               f"a lock not refreshed for {STALE_S:.0f} s is taken over by the next run") from None
         if not _gone(owner, me):
             logging.getLogger(__name__).warning(f"taking over {path}: its owner ({_describe(owner)}) has not "
-                                                f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), so it is gone")
+                                                f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), "
+                                                "so it is gone")
         os.replace(temporary, path)                     # take over the stale lock in one step
     stop = threading.Event()
     threading.Thread(target=_beat, args=(path, stop), name="hpcfl-lock-heartbeat", daemon=True).start()

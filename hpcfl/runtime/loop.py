@@ -87,7 +87,8 @@ def run(job: Job) -> bool:
         if fault:
             raise TrainingFault(f"round {number + 1}: client(s) {faulty} gave a non-finite (NaN/Inf) loss or update, "
                                 "so the run stopped after recording the round (train.on_nonfinite = 'stop'). Fix: "
-                                "lower train.lr, or set train.on_nonfinite = 'drop' to leave such updates out and go on")
+                                "lower train.lr, or set train.on_nonfinite = 'drop' to leave such updates out "
+                                "and go on")
         if save:
             write_checkpoint(job, number + 1)
         if stop:

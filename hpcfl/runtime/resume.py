@@ -49,7 +49,8 @@ def resume_point(config: JobConfig) -> tuple[bool, int, Path | None]:
     try:
         existing = read_run(path).attrs
     except (OSError, KeyError, ValueError) as err:
-        raise ResultsError(f"result file {path} exists but cannot be read ({err}); move it away to start again") from None
+        raise ResultsError(f"result file {path} exists but cannot be read ({err}); "
+                           "move it away to start again") from None
     if _resumable(current_names(existing.get("config", {}), warn=False)) != _resumable(json.loads(config.to_json())):
         raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
                            "run.name, or delete or move the old file")

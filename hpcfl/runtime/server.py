@@ -43,7 +43,8 @@ class Server:
         self.algorithm.aggregate(phase, round, self.state, uplink)
         self.compute_s += time.perf_counter() - start
 
-    def match(self, phase: MatchPhase, round: int, gathered: dict[int, np.ndarray]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    def match(self, phase: MatchPhase, round: int,
+              gathered: dict[int, np.ndarray]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """A matching phase's server step: the gathered per-client buffers in, one buffer for every
         rank and one per client out (float64)."""
         start = time.perf_counter()

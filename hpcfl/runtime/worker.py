@@ -25,7 +25,8 @@ class Worker:
     def __init__(self, algorithm: Algorithm, clients: dict[int, Client], models: dict[str, torch.nn.Module], trainer,
                  device, num_classes: int, eval_batch: int, drop_nonfinite: bool = False, batched=None,
                  moving: bool = False):
-        self.algorithm, self.clients, self.models, self.trainer, self.device = algorithm, clients, models, trainer, device
+        self.algorithm, self.clients, self.models = algorithm, clients, models
+        self.trainer, self.device = trainer, device
         self.num_classes, self.eval_batch = num_classes, eval_batch
         self.drop_nonfinite = drop_nonfinite       # a faulty client gets back its state of before the round
         self.batched = batched                     # a BatchedTrainer (train.batched_clients), or None
@@ -48,7 +49,8 @@ class Worker:
             model = self.algorithm.client_model(client, self.models[client.architecture])
             before = _moved(client.kept(), torch.clone) if self.drop_nonfinite else None
             client.keep(_moved(client.kept(), lambda t: t.to(self.device)))
-            received = downlink if replies is None else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}}
+            received = (downlink if replies is None
+                        else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}})
             try:
                 contributions, metrics = self.client_update(phase, round, client, received, model, trainer)
             except Exception as err:
@@ -93,7 +95,8 @@ class Worker:
     def gather(self, phase: MatchPhase, round: int, hosted: list[int]) -> dict[int, np.ndarray]:
         """A matching phase's opening: the hosted sampled clients' tensors for the server."""
         start = time.perf_counter()
-        out = {c: self.algorithm.gather_out(phase, round, self.clients[c]).detach().to(torch.float64).cpu().numpy().ravel()
+        out = {c: self.algorithm.gather_out(phase, round, self.clients[c])
+                  .detach().to(torch.float64).cpu().numpy().ravel()
                for c in hosted}
         self.compute_s += time.perf_counter() - start
         return out

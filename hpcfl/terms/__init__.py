@@ -13,7 +13,7 @@ that lives with the client on its worker, off the GPU between rounds (`finish`, 
 The terms, by family: hpcfl.terms.weights (`prox`), .contrastive (`moon`, `supcon`),
 .logits (`fedrs`, `ntd`, `ka`), .matching (`fm_cg`, `fm_l2`); each module cites its papers.
 """
-from typing import Mapping
+from collections.abc import Mapping
 
 from torch import nn
 

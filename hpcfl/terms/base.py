@@ -1,8 +1,9 @@
 """What every local loss term is: the hooks the trainer calls, and a frozen model copy for terms that
 compare the local model with a reference one."""
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 import torch
 from torch import nn

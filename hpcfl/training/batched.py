@@ -136,7 +136,7 @@ class BatchedTrainer:
         seen, steps = lengths.sum(0).tolist(), (lengths > 0).sum(0).tolist()
         return {c.id: ({n: p[i] for n, p in params.items()},
                        {"train_loss": loss_sum / max(seen[i], 1), "steps": float(steps[i])})
-                for i, (c, loss_sum) in enumerate(zip(clients, total.tolist()))}
+                for i, (c, loss_sum) in enumerate(zip(clients, total.tolist(), strict=True))}
 
     def _plan(self, clients: list, round: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step x client x batch_size indices into the group's concatenated data, from each client's
@@ -145,7 +145,7 @@ class BatchedTrainer:
         shape = (max(map(len, batches)), len(clients), self.trainer.cfg.batch_size)
         index, mask = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.bool)
         offset = 0
-        for c, (client, own) in enumerate(zip(clients, batches)):
+        for c, (client, own) in enumerate(zip(clients, batches, strict=True)):
             index[:, c] = offset
             for t, idx in enumerate(own):
                 index[t, c, :len(idx)] = idx + offset
@@ -162,7 +162,7 @@ class BatchedTrainer:
             per_sample = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
             loss = torch.where(mask, per_sample, 0.0).sum(1) / counts.clamp(min=1)
             grads = torch.autograd.grad(loss.sum(), list(params.values()))
-        return loss.detach(), dict(zip(params, grads))
+        return loss.detach(), dict(zip(params, grads, strict=True))
 
 
 class Trained:

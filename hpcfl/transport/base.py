@@ -81,7 +81,7 @@ class Transport(ABC):
         """Every rank's small `info` dict (host, device, setup error, checkpoint file digests), in rank
         order: bookkeeping at set-up and checkpoints, never payloads."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op hook)
         pass
 
 

@@ -86,15 +86,17 @@ class MpiTransport(Transport):
     def _silence(self, request, peers, waited: float) -> str:
         where = f"round {self.round + 1}" if self.round >= 0 else "set-up"
         if peers is not None:
-            silent = sorted({p for r, p in zip(request.requests, peers) if not r.Test()})
+            silent = sorted({p for r, p in zip(request.requests, peers, strict=True) if not r.Test()})
             what = f"{self._named(silent)} did not complete swap '{self._collective}' with this rank"
         elif self.is_server:
             silent = [r for r in range(1, self.size) if self._heard[r, 0] < self._entered]
-            last = ", ".join(f"rank {r} in {'round ' + str(self._heard[r, 1] + 1) if self._heard[r, 1] >= 0 else 'set-up'}"
+            last = ", ".join(f"rank {r} in "
+                             f"{'round ' + str(self._heard[r, 1] + 1) if self._heard[r, 1] >= 0 else 'set-up'}"
                              for r in silent)
             what = f"{self._named(silent)} never reached '{self._collective}' (last heard from: {last})"
         else:
-            what = f"'{self._collective}' did not complete: the server or another rank is stuck (rank 0 names it if it can)"
+            what = (f"'{self._collective}' did not complete: the server or another rank is stuck "
+                    "(rank 0 names it if it can)")
         return (f"{where}: {what} after {waited:.0f} s (run.round_timeout_s = {self.timeout_s:g}); a rank is "
                 "hung or dead, so the job stops (completed rounds are in the result file). If rounds are "
                 "legitimately this slow, raise run.round_timeout_s")
@@ -172,7 +174,7 @@ class MpiTransport(Transport):
         self._count(name, received=all_data.nbytes - data.nbytes)
         out, d = {}, 0
         for cids, lens in blocks:
-            for cid, length in zip(cids, lens):
+            for cid, length in zip(cids, lens, strict=True):
                 out[int(cid)] = all_data[d:d + length]
                 d += length
         return out
@@ -204,7 +206,7 @@ class MpiTransport(Transport):
         else:
             self._count(name, received=data.nbytes)
         out, offset = {}, 0
-        for cid, length in zip(clients, lengths):
+        for cid, length in zip(clients, lengths, strict=True):
             out[cid] = data[offset:offset + length]
             offset += length
         return out

@@ -222,7 +222,8 @@ def test_fedfm_opens_each_round_from_its_start_with_the_anchor_phase():
     algo = wrap(make("fedfm", Scalar(), {"start_round": 2}))
     assert [p.name for p in algo.plan(1)] == ["train"]
     anchor, train = algo.plan(2)
-    assert anchor.name == "anchors" and set(anchor.downlink) == {"model", "anchors"} and set(anchor.uplink) == {"anchors"}
+    assert anchor.name == "anchors" and set(anchor.downlink) == {"model", "anchors"}
+    assert set(anchor.uplink) == {"anchors"}
     assert set(train.downlink) == {"anchors"}               # the model went out once, with the anchor phase
     assert set(train.uplink) == {"model"}
 

@@ -325,7 +325,8 @@ def test_fedproto_skips_classes_without_a_prototype_keeps_each_clients_model_and
     assert torch.equal(me.state["model.classifier.bias"], torch.full((2,), 2.0))
 
 
-@pytest.mark.parametrize("data, ok", [({}, False), ({"validation_fraction": 0.2}, True), ({"local_test_ratio": 0.3}, True)])
+@pytest.mark.parametrize("data, ok", [({}, False), ({"validation_fraction": 0.2}, True),
+                                      ({"local_test_ratio": 0.3}, True)])
 def test_personalised_accuracy_needs_held_out_data_of_the_clients(data, ok):
     job = {"algorithm": {"name": "local_only"}, "data": {"num_clients": 4, **data}, "train": {"clients_per_round": 2}}
     if ok:

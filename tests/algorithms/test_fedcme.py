@@ -12,8 +12,16 @@ from algorithms.helpers import client, make, sums
 from torch import nn
 
 from hpcfl.algorithms.base import Client
-from hpcfl.algorithms.fedcme import (EVALUATION, FEATURES, OWN, PARTNERS, FeatureAlignment, FedCME, make_matching,
-                                     many_to_one)
+from hpcfl.algorithms.fedcme import (
+    EVALUATION,
+    FEATURES,
+    OWN,
+    PARTNERS,
+    FeatureAlignment,
+    FedCME,
+    make_matching,
+    many_to_one,
+)
 from hpcfl.algorithms.phases import SwapPhase
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
@@ -386,7 +394,7 @@ def _sgd(start, x, y, anchors, known, steps):
             seen[c] += z[y == c].detach().sum(0)
             if known[c]:
                 loss = loss + MU * ((z[y == c].mean(0) - anchors[c]) ** 2).sum()
-        grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+        grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values())), strict=True))
         for k in w:
             d = grads[k] + DECAY * w[k]
             bufs[k] = d if k not in bufs else MOMENTUM * bufs[k] + d

@@ -52,7 +52,7 @@ def test_anchor_holds_shared_samples_of_missing_and_own_samples_of_non_dominant_
     term.seed = 7
     x, y = term.anchor(_client(), round=2)
     assert sorted(y.tolist()) == expected and x.shape == (len(expected), 2)      # one sample per class
-    for row, label in zip(x, y.tolist()):
+    for row, label in zip(x, y.tolist(), strict=True):
         if label in (2, 3):
             assert row[0].item() == -(label + 1)                     # the shared sample of that class
         else:
@@ -182,7 +182,8 @@ def test_forgetting_degree_is_recorded_per_client_and_class(tiny_job, tmp_path):
     assert start.shape == (2, 10) and local.shape == (2, 6, 10)
     np.testing.assert_array_equal(start[1], arrays["class/test_acc"][0])   # round 1 starts from round 0's model
     assert np.isnan(local).any(axis=2).sum() == 2 * (6 - 4)           # 4 of 6 clients sampled per round
-    np.testing.assert_allclose(arrays["client_class/forgetting"], (start[:, None] - local) / (start[:, None] + FORGETTING_XI))
+    np.testing.assert_allclose(arrays["client_class/forgetting"],
+                               (start[:, None] - local) / (start[:, None] + FORGETTING_XI))
     assert len(arrays["shared_samples"]) == 10
 
 

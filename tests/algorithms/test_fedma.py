@@ -83,7 +83,7 @@ def test_a_network_and_its_permuted_copy_match_back_to_the_network(name, shape, 
     copied, perms = _permuted_copy(net, seed=3)
     clients = [_client(0, net.state_dict(), counts), _client(1, copied, counts)]
     server_state, replies = _match_all(algorithm, clients, net)
-    for layer, perm in zip(chain(net)[:-1], perms):
+    for layer, perm in zip(chain(net)[:-1], perms, strict=True):
         assert torch.equal(replies[f"match_{layer.name}"][0], torch.arange(len(perm)))
         assert torch.equal(replies[f"match_{layer.name}"][1], torch.argsort(perm))   # copy's unit m is unit perm^-1[m]
     for key, value in net.state_dict().items():
@@ -128,7 +128,7 @@ def test_one_shot_lenets_kept_apart_give_the_class_share_weighted_sum_of_the_cli
     clients = [_client(c, {k[len("model."):]: v for k, v in algorithm.init_client_state(client(c), template).items()},
                         counts) for c in range(3)]                                   # independent initialisations
     locals_ = [copy.deepcopy(template) for _ in clients]
-    for model, c in zip(locals_, clients):
+    for model, c in zip(locals_, clients, strict=True):
         model.load_state_dict(algorithm._own(c))
     server_state, _ = _match_all(algorithm, clients, template)
     assert algorithm.widths == [60, 150, 1500, 10]

@@ -10,8 +10,8 @@ from hpcfl.metrics import read_run
 
 def _run(job, root, *overrides):
     name = "run"
-    assert main([str(job), "--results-root", str(root), "--set", f"run.name={name!r}", "--set", "data.local_test_ratio=0.3",
-                 *(arg for o in overrides for arg in ("--set", o))]) == 0
+    assert main([str(job), "--results-root", str(root), "--set", f"run.name={name!r}",
+                 "--set", "data.local_test_ratio=0.3", *(arg for o in overrides for arg in ("--set", o))]) == 0
     return read_run(root / "test" / f"{name}.h5").arrays
 
 
@@ -19,7 +19,8 @@ def _run(job, root, *overrides):
 FEATURE_MATCHING = ["algorithm.params.start_round=3", "algorithm.params.weight=1.0"]
 EVERYONE = ["train.clients_per_round=6"]
 OVERRIDES = {"ensemble": EVERYONE, "fedma": EVERYONE, "fedfm": FEATURE_MATCHING,
-             "fedavgm": ["algorithm.params.server_momentum=0.7"],     # eta = 1 - beta warms up over ~1/(1 - beta) rounds
+             # eta = 1 - beta warms up over ~1/(1 - beta) rounds
+             "fedavgm": ["algorithm.params.server_momentum=0.7"],
              "fedfm_lite": [*FEATURE_MATCHING, "algorithm.params.model_every=2", *EVERYONE]}
 ADAM = ['train.optimizer="adam"', "train.lr=0.003"]
 MOMENTUM = ["train.momentum=0.9", "train.lr=0.02", "train.weight_decay=0.0005"]     # steps of about lr / (1 - 0.9)
@@ -94,8 +95,9 @@ def test_fedfm_lite_saves_model_bytes(tiny_job, tmp_path):
 
 
 def test_terms_compose(tiny_job, tmp_path):
+    # MOON's head (3 more default-initialised layers) starts slower than 2 rounds
     both = _run(tiny_job("scaffold", rounds=2, extra='terms = { prox = {}, moon = { projection = 0 } }\n'),
-                tmp_path / "both")            # MOON's head (3 more default-initialised layers) starts slower than 2 rounds
+                tmp_path / "both")
     alone = _run(tiny_job("scaffold", rounds=2), tmp_path / "alone")
     assert not np.array_equal(both["client/train_loss"], alone["client/train_loss"])
     assert both["round/test_acc"][-1] > 0.2

@@ -6,8 +6,19 @@ import copy
 import pytest
 import torch
 
-from hpcfl.algorithms.neurons import (chain, decode, encode, pick, pick_inputs, place, place_inputs, resize_, signature,
-                                      width, with_signature)
+from hpcfl.algorithms.neurons import (
+    chain,
+    decode,
+    encode,
+    pick,
+    pick_inputs,
+    place,
+    place_inputs,
+    resize_,
+    signature,
+    width,
+    with_signature,
+)
 from hpcfl.errors import ConfigError
 from hpcfl.models import build_model
 
@@ -24,7 +35,9 @@ def _net(name, shape, classes):
 
 def _inputs(shape, classes):
     gen = torch.Generator().manual_seed(1)
-    return torch.randint(0, classes, (5, *shape), generator=gen) if len(shape) == 1 else torch.randn(5, *shape, generator=gen)
+    if len(shape) == 1:
+        return torch.randint(0, classes, (5, *shape), generator=gen)
+    return torch.randn(5, *shape, generator=gen)
 
 
 @pytest.mark.parametrize("name, shape, classes", MODELS)

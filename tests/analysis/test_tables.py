@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from hpcfl.analysis import load, render, rounds_to_target, summary, tidy
-from hpcfl.analysis.results import truncate
 from hpcfl.analysis.paired import compare
+from hpcfl.analysis.results import truncate
 from hpcfl.analysis.tables import forgetting, statistic, time_and_bytes
 from hpcfl.analyze import main
 from hpcfl.metrics import Recorder
@@ -22,7 +22,8 @@ def _write(folder, algorithm, beta, seed, curve, status="completed", val=None, *
               "data": {"partition": "dirichlet", "partition_params": {"beta": beta}}}
     for section, values in sections.items():
         config[section] = {**config.get(section, {}), **values}
-    path = folder / f"{algorithm}-{beta}-{seed}{''.join(f'-{k}={v}' for t in sections.values() for k, v in t.items())}.h5"
+    keys = "".join(f"-{k}={v}" for t in sections.values() for k, v in t.items())
+    path = folder / f"{algorithm}-{beta}-{seed}{keys}.h5"
     with Recorder.create(path, {"config": config}) as recorder:
         recorder.write_array("partition", np.array([[5, 0, 1], [0, 3, 3]]))
         for round, value in enumerate(curve):
@@ -30,7 +31,8 @@ def _write(folder, algorithm, beta, seed, curve, status="completed", val=None, *
                 "round/test_acc": value, "round/train_loss": 1.0 - value,
                 "round/personal_acc_mean": value + 0.1, "round/personal_acc_std": 0.01 * (seed + 1),
                 "client_class/forgetting": np.array([[0.2, np.nan], [0.4, 0.1 * seed]]),      # client x class
-                "round/phase_s/train": 2.0 + seed, "rank/compute_s": np.array([1.0, 3.0]), "rank/wait_s": np.array([0.5, 0.0]),
+                "round/phase_s/train": 2.0 + seed,
+                "rank/compute_s": np.array([1.0, 3.0]), "rank/wait_s": np.array([0.5, 0.0]),
                 "round/bytes_down/model": 1e6, "round/bytes_up/model": 2e6,
                 **({} if val is None else {"round/val_acc": val[round]})})
         if status:
@@ -148,7 +150,8 @@ def test_time_and_bytes(folder):
                            ["algorithm.name"])
     fedprox = table[table["algorithm.name"] == "fedprox"].iloc[0]
     assert fedprox["train s"] == pytest.approx(2.5)                      # seeds 0, 1: 2 and 3 s per round
-    assert fedprox["compute_s (all ranks)"] == pytest.approx(4.0) and fedprox["wait_s (all ranks)"] == pytest.approx(0.5)
+    assert fedprox["compute_s (all ranks)"] == pytest.approx(4.0)
+    assert fedprox["wait_s (all ranks)"] == pytest.approx(0.5)
     assert fedprox["down/model MB"] == pytest.approx(4.0) and fedprox["up/model MB"] == pytest.approx(8.0)
 
 
@@ -213,7 +216,8 @@ def test_a_pair_with_a_run_that_did_not_complete_gives_no_effect_and_is_counted(
     summary_rows = {r["algorithm.name"]: r for r in summary(load([tmp_path]), ["algorithm.name"]).to_dict("records")}
     assert summary_rows["fedka"]["unfinished"] == 1 and summary_rows["fedka"]["final_mean"] == pytest.approx(0.7)
     assert summary_rows["fedavg"]["unfinished"] == 0 and summary_rows["fedavg"]["final_mean"] == pytest.approx(0.5)
-    complete, _ = compare(load([tmp_path / "fedavg-0.1-0.h5", tmp_path / "fedka-0.1-0.h5"]), {"algorithm.name": "fedavg"})
+    complete, _ = compare(load([tmp_path / "fedavg-0.1-0.h5", tmp_path / "fedka-0.1-0.h5"]),
+                          {"algorithm.name": "fedavg"})
     assert "unfinished" not in complete.columns                                  # only where it happened
 
 
@@ -241,7 +245,8 @@ def test_compare_speedup_to_a_target_and_the_renderings(tmp_path, capsys):
     assert main(args + ["--format", "latex"]) == 0
     assert r"algorithm.name & n & effect & ci95\_low" in capsys.readouterr().out
     assert main(args + ["--format", "csv"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == "algorithm.name,n,effect_mean,effect_std,ci95_low,ci95_high,verdict"
+    assert capsys.readouterr().out.splitlines()[0] == ("algorithm.name,n,effect_mean,effect_std,"
+                                                       "ci95_low,ci95_high,verdict")
     assert main(["compare", str(tmp_path), "--baseline", "fedavg"]) == 2
     assert "not KEY=VALUE" in capsys.readouterr().err
     assert main(["compare", str(tmp_path), "--baseline", "algorithm.name=scaffold"]) == 2
@@ -354,7 +359,8 @@ def test_forgetting_per_class_role_reads_each_clients_partition(tmp_path):
     strict = forgetting(results, ["algorithm.name"], gamma=0.9).iloc[0]          # no class reaches 90 %
     assert np.isnan(strict["dominant"]) and strict["non-dominant"] == pytest.approx(0.0)
     assert "unfinished" not in forgetting(results, ["algorithm.name"]).columns
-    with Recorder.create(tmp_path / "ka-diverged.h5", {"config": {"run": {"seed": 1}, "algorithm": {"name": "fedka"}}}) as rec:
+    config = {"run": {"seed": 1}, "algorithm": {"name": "fedka"}}
+    with Recorder.create(tmp_path / "ka-diverged.h5", {"config": config}) as rec:
         rec.write_array("partition", np.array([[5, 0, 1], [0, 3, 3]]))
         rec.append_round(0, {"client_class/forgetting": np.full((2, 3), 50.0)})   # a diverged run's last round
         rec.set_attr("status", "failed")

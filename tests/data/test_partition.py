@@ -39,8 +39,8 @@ def test_same_seed_same_partition_other_seed_differs(scheme, params):
     a = partition(LABELS, 20, scheme, params, seed=5)
     b = partition(LABELS, 20, scheme, params, seed=5)
     c = partition(LABELS, 20, scheme, params, seed=6)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
 
 
 def test_iid_is_near_uniform():
@@ -152,8 +152,8 @@ def test_new_schemes_same_seed_same_partition_other_seed_differs(scheme, params)
     a = partition(labels, n, scheme, params, seed=5)
     b = partition(labels, n, scheme, params, seed=5)
     c = partition(labels, n, scheme, params, seed=6)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
 
 
 @pytest.mark.parametrize("num_clients", [7, 20])
@@ -296,14 +296,15 @@ def test_more_holders_than_samples_of_a_class_is_a_data_error():
 def test_validation_split_fractions_and_disjointness(fraction):
     parts = partition(LABELS, 20, "quantity_skew", {"beta": 0.5}, seed=0)
     train, val = validation_split(parts, fraction, seed=0)
-    for part, t, v in zip(parts, train, val):
+    for part, t, v in zip(parts, train, val, strict=True):
         assert len(v) == int(np.floor(fraction * len(part) + 0.5))
         assert np.array_equal(np.sort(np.concatenate([t, v])), part) and not np.intersect1d(t, v).size
         assert t.dtype == v.dtype == np.int64
     again = validation_split(parts, fraction, seed=0)
-    assert all(np.array_equal(a, b) for a, b in zip(val, again[1]))
+    assert all(np.array_equal(a, b) for a, b in zip(val, again[1], strict=True))
     if fraction:
-        assert not all(np.array_equal(a, b) for a, b in zip(val, validation_split(parts, fraction, seed=1)[1]))
+        assert not all(np.array_equal(a, b)
+                       for a, b in zip(val, validation_split(parts, fraction, seed=1)[1], strict=True))
 
 
 def test_validation_split_keeps_one_training_sample_and_checks_fraction():
@@ -321,14 +322,16 @@ def test_local_test_sets_match_each_clients_train_mix_and_size():
     counts = count_matrix(LABELS, partition(LABELS, 20, "dirichlet", {"beta": 0.3}, seed=0), 10)
     sets = local_test_sets(TEST_LABELS, counts, 0.3, seed=0)
     got = count_matrix(TEST_LABELS, sets, 10)
-    for row, s, g in zip(counts, sets, got):
+    for row, s, g in zip(counts, sets, got, strict=True):
         size = int(np.floor(0.3 * row.sum() + 0.5))
         assert len(s) == size and s.dtype == np.int64
         assert np.all(np.abs(g - size * row / row.sum()) < 1)  # the train mix, up to rounding
         need_repeat = g > 1000  # a sample repeats within a client only once its class is used up
         assert len(np.unique(s)) == len(s) - (g[need_repeat] - 1000).sum()
-    assert all(np.array_equal(a, b) for a, b in zip(sets, local_test_sets(TEST_LABELS, counts, 0.3, seed=0)))
-    assert not all(np.array_equal(a, b) for a, b in zip(sets, local_test_sets(TEST_LABELS, counts, 0.3, seed=1)))
+    assert all(np.array_equal(a, b)
+               for a, b in zip(sets, local_test_sets(TEST_LABELS, counts, 0.3, seed=0), strict=True))
+    assert not all(np.array_equal(a, b)
+                   for a, b in zip(sets, local_test_sets(TEST_LABELS, counts, 0.3, seed=1), strict=True))
 
 
 def test_local_test_sets_reuse_samples_only_when_a_class_runs_out():
@@ -587,7 +590,8 @@ def test_golden_count_matrices_at_seed_0(scheme, params, expected):
 
 
 def test_golden_classes_per_client_indices():
-    # Client 0: all of class 2 and two of class 3; 1: six of class 0 and all of class 1; 2: the other six of 0, one of 3.
+    # Client 0: all of class 2 and two of class 3; 1: six of class 0 and all of class 1;
+    # 2: the other six of 0, one of 3.
     parts = partition(SMALL, 3, "classes_per_client", {"k": 2}, seed=0, min_samples=1)
     assert [p.tolist() for p in parts] == [[21, 22, 23, 24, 25, 26, 27, 29],
                                            [1, 2, 6, 8, 9, 10, 12, 13, 14, 15, 16, 17, 18, 19, 20],

@@ -26,9 +26,9 @@ IMAGE_MODELS = ["fmnist_cnn", "fmnist_cnn_narrow", "fmnist_cnn_wide", "fmnist_cn
 SEQ_LEN, VOCAB = 20, 80
 
 FEATURE_WIDTH = {
-    "fmnist_cnn": 128, "fmnist_cnn_narrow": 128, "fmnist_cnn_wide": 128, "fmnist_cnn_bn": 128, "tcnn": 512, "lenet": 500,
-    "vgg9": 512, "char_lstm": 256, "resnet18": 512, "resnet50": 2048, "shufflenetv2": 512, "googlenet": 512,
-    "alexnet_cifar": 512,
+    "fmnist_cnn": 128, "fmnist_cnn_narrow": 128, "fmnist_cnn_wide": 128, "fmnist_cnn_bn": 128, "tcnn": 512,
+    "lenet": 500, "vgg9": 512, "char_lstm": 256, "resnet18": 512, "resnet50": 2048, "shufflenetv2": 512,
+    "googlenet": 512, "alexnet_cifar": 512,
 }
 
 CASES = [(name, shape, 10) for name in IMAGE_MODELS for shape in [(3, 32, 32), (1, 28, 28)]]
@@ -233,7 +233,7 @@ def test_preactivation_moves_the_last_relu_into_the_classifier(name, options):
     plain = build_model(name, (3, 32, 32), 10, plain_options).eval()
     torch.manual_seed(1)
     pre = build_model(name, (3, 32, 32), 10, options).eval()
-    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), pre.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), pre.state_dict().values(), strict=True))
     assert plain.state_dict().keys() == pre.state_dict().keys()
     assert [n for n, _ in pre.named_parameters() if n.startswith("classifier.")] == ["classifier.weight",
                                                                                       "classifier.bias"]
@@ -276,7 +276,7 @@ def test_imagenet_stem_downsamples_by_4_before_layer1(in_shape, cifar, imagenet)
     for stem in ("cifar", "imagenet"):
         model = build_model("resnet18", in_shape, 10, ResNetOptions(stem=stem)).eval()
         seen = []
-        model.backbone.layer4.register_forward_hook(lambda m, i, out: seen.append(out.shape))
+        model.backbone.layer4.register_forward_hook(lambda m, i, out, seen=seen: seen.append(out.shape))
         with torch.no_grad():
             assert model.features(torch.randn(2, *in_shape)).shape == (2, 512)
         sides[stem] = seen[0][-2:]

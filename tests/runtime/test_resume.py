@@ -100,7 +100,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys)
     assert main(_args(job, tmp_path, "cut")) == 0
     out = capsys.readouterr()
     assert f"WARNING checkpoint {newest} is damaged" in out.err and "resuming after round 2 " in out.out
-    assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(tmp_path / "results" / "resume" / "cut.h5"), exact=True)
+    assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"),
+                        run_metrics(tmp_path / "results" / "resume" / "cut.h5"), exact=True)
 
 
 class _Exploit:

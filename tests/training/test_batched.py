@@ -29,7 +29,7 @@ def _clients():
     data = load_dataset("digits", resolve_data_root(None))
     ends = np.cumsum((0,) + SIZES)
     return [Client(i, data.train_x[a:b], data.train_y[a:b], np.zeros(10))
-            for i, (a, b) in enumerate(zip(ends, ends[1:]))]
+            for i, (a, b) in enumerate(zip(ends, ends[1:], strict=False))]     # strict=False: consecutive pairs
 
 
 @pytest.mark.parametrize("setting", sorted(TRAINING))

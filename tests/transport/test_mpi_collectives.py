@@ -21,7 +21,7 @@ LENGTHS = [5, 1, 12, 0, 7, 3, 20]          # per-client buffer lengths (one empt
 
 
 def world():
-    from mpi4py import MPI                  # imported lazily: collecting this file does not start MPI
+    from mpi4py import MPI  # imported lazily: collecting this file does not start MPI
     return MPI.COMM_WORLD
 
 
