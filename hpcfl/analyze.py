@@ -11,6 +11,8 @@
     python -m hpcfl.analyze time RESULTS...              seconds per phase, compute vs wait, MB per payload
     python -m hpcfl.analyze curves RESULTS... --out FIG.png [--x round|bytes] [--metric ...]
     python -m hpcfl.analyze partition RUN.h5 --out FIG.png
+    python -m hpcfl.analyze export RESULTS... --out DIR [--to tensorboard]
+                                                         replay result files into TensorBoard event files
 
 `hpcfl analyze ...` is the same command. RESULTS are result files or folders (searched recursively).
 Runs are grouped by `--by` config keys (default: every key whose value differs between runs, seeds and
@@ -25,8 +27,10 @@ stderr, not fatal.
 """
 import argparse
 import sys
+from pathlib import Path
 
 from hpcfl.analysis import load, render, rounds_to_target, summary
+from hpcfl.analysis.export import TARGETS, export
 from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
 from hpcfl.analysis.results import truncate, varying_keys
@@ -77,11 +81,25 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     partition = commands.add_parser("partition")
     partition.add_argument("run")
     partition.add_argument("--out", required=True)
+    export = commands.add_parser("export", help="replay result files into an offline experiment tracker")
+    export.add_argument("results", nargs="+")
+    export.add_argument("--to", choices=TARGETS, default="tensorboard")
+    export.add_argument("--out", required=True, help="the folder to write (one sub-folder per run)")
     return parser
 
 
 def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
     args = _parser(prog).parse_args(argv)
+    if args.command == "export":
+        try:
+            written, problems = export(args.results, Path(args.out), args.to)
+        except ResultsError as err:
+            sys.stderr.write(f"hpcfl: error: {err}\n")
+            return 2
+        for problem in problems:
+            sys.stderr.write(f"hpcfl: skipped: {problem}\n")
+        print(f"hpcfl: {len(written)} run(s) written under {args.out}; view them with tensorboard --logdir {args.out}")
+        return 0 if written else 2
     if args.command == "partition":
         try:
             run = read_run(args.run, keys=["partition"])
