@@ -1,7 +1,8 @@
 """The SLURM scripts on a real single-node SLURM cluster (Debian's slurmctld/slurmd/munge, started
 by slurm/local-cluster.sh; CI installs them): the MPI job on 3 tasks gives the one-process numbers,
-a sweep runs as a job array, a job signalled with USR1 checkpoints, requeues itself and finishes with
-the metrics of an uninterrupted run, and srun without an MPI plugin is refused with the fix."""
+a sweep runs as a job array (and `hpcfl sweep --submit` sizes it), srun starts the `hpcfl` console
+script as an MPI job, a job signalled with USR1 checkpoints, requeues itself and finishes with the
+metrics of an uninterrupted run, and srun without an MPI plugin is refused with the fix."""
 import os
 import shutil
 import subprocess
@@ -110,3 +111,14 @@ def test_hpcfl_sweep_submit_sizes_the_job_array_itself(cluster, tmp_path):
     assert "hpcfl: 2 points: sbatch --array=0-1%1 --wait" in out.stdout
     for name in ("sweep-0.05-seed0", "sweep-0.1-seed0"):
         assert read_run(tmp_path / "results" / "slurm" / f"{name}.h5").attrs["status"] == "completed"
+
+
+def test_srun_runs_the_console_script_as_an_mpi_job(cluster, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB)
+    script = Path(sys.executable).with_name("hpcfl")
+    _sbatch(cluster, tmp_path, "--wrap", f"srun --mpi=pmi2 {script} run {job} --results-root {tmp_path / 'results'} "
+            "--set run.name='srun'")
+    result = read_run(tmp_path / "results" / "slurm" / "srun.h5")
+    assert result.attrs["status"] == "completed" and result.attrs["world_size"] == 3
+    assert_same_metrics(_local_run(job, tmp_path, "one"), run_metrics(tmp_path / "results" / "slurm" / "srun.h5"))
