@@ -10,43 +10,15 @@
 `hpcfl COMMAND -h` tells more. `python -m hpcfl.launch` (run), `python -m hpcfl.sweep` and
 `python -m hpcfl.analyze` are the same commands.
 """
+import importlib
 import sys
 
 import hpcfl
 from hpcfl.errors import Exit, exit_help
 
-
-def _run(argv):
-    from hpcfl.launch import main
-
-    return main(argv, prog="hpcfl run")
-
-
-def _check(argv):
-    from hpcfl.launch import main
-
-    return main([*argv, "--check"], prog="hpcfl check")
-
-
-def _sweep(argv):
-    from hpcfl.sweep import main
-
-    return main(argv, prog="hpcfl sweep")
-
-
-def _status(argv):
-    from hpcfl.status import main
-
-    return main(argv, prog="hpcfl status")
-
-
-def _analyze(argv):
-    from hpcfl.analyze import main
-
-    return main(argv, prog="hpcfl analyze")
-
-
-COMMANDS = {"run": _run, "check": _check, "sweep": _sweep, "status": _status, "analyze": _analyze}
+# command -> (the module whose main() runs it, arguments it adds)
+COMMANDS = {"run": ("hpcfl.launch", []), "check": ("hpcfl.launch", ["--check"]), "sweep": ("hpcfl.sweep", []),
+            "status": ("hpcfl.status", []), "analyze": ("hpcfl.analyze", [])}
 
 
 def main(argv=None) -> int:
@@ -61,7 +33,8 @@ def main(argv=None) -> int:
             ("" if asked else f"hpcfl: error: {'no command' if not command else f'unknown command {command!r}'}\n")
             + "usage:" + __doc__.split("\n", 1)[1] + "\n" + exit_help() + "\n")
         return Exit.DONE if asked else Exit.BAD_INPUT
-    return int(COMMANDS[command](rest))
+    module, extra = COMMANDS[command]
+    return int(importlib.import_module(module).main([*rest, *extra], prog=f"hpcfl {command}"))
 
 
 if __name__ == "__main__":

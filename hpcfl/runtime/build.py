@@ -179,11 +179,11 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
                 recorder.write_array("shared_samples", shared)
         sizes = counts.sum(1)
         LOG.info(f"{config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
-            f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
-            f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
-            f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
-            f"{transport.size} rank(s); "
-            f"results -> {config.result_path}")
+                 f"{config.data.partition_params}), {len(parts)} clients (samples min/median/max "
+                 f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
+                 f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
+                 f"{transport.size} rank(s); "
+                 f"results -> {config.result_path}")
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,

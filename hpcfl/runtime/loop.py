@@ -98,7 +98,7 @@ def run(job: Job) -> bool:
         for key, value in quality.items():
             job.recorder.write_array(f"final/{key}", np.float64(value))
         LOG.info(f"final global model's test features: NMI {quality['feature_nmi']:.4f}, "
-            f"silhouette {quality['feature_silhouette']:.4f}")
+                 f"silhouette {quality['feature_silhouette']:.4f}")
     return True
 
 
@@ -154,7 +154,7 @@ def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray) -> l
     faulty = [c for c in cohort if rows[c, CLIENT_METRICS.index("nonfinite")] > 0]
     if faulty and job.config.train.on_nonfinite == "drop":
         LOG.warning(f"round {round + 1}: client(s) {faulty} gave a non-finite loss or update; "
-                "their updates were dropped (train.on_nonfinite = 'drop'; recorded as client/nonfinite)")
+                    "their updates were dropped (train.on_nonfinite = 'drop'; recorded as client/nonfinite)")
     return faulty
 
 

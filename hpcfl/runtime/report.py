@@ -100,4 +100,4 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
     state = values["rank/client_state_bytes"]
     if round == cfg.run.rounds - 1 and state.any():
         LOG.info("per-client state held on the workers' CPUs: " +
-            ", ".join(f"rank {r} {b / 2**20:.1f} MiB" for r, b in enumerate(state) if b))
+                 ", ".join(f"rank {r} {b / 2**20:.1f} MiB" for r, b in enumerate(state) if b))

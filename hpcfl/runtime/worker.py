@@ -57,8 +57,9 @@ class Worker:
                 err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
             client.keep(_moved(client.kept(), lambda t: t.detach().cpu()))
-            kept = sorted(f"{owner or 'algorithm'}: {key}" for owner, state in client.kept().items() for key in state)
-            if self.moving and kept:
+            if self.moving and any(client.kept().values()):
+                kept = sorted(f"{owner or 'algorithm'}: {key}" for owner, state in client.kept().items()
+                              for key in state)
                 raise HpcflError(f"algorithm '{self.algorithm.name}' declares stateless clients, but client {cid} "
                                  f"kept {kept[:3]}: its class must not set `stateless`, nor a term it uses leave "
                                  "keeps_state unset")
