@@ -11,8 +11,8 @@
     python -m hpcfl.analyze time RESULTS...              seconds per phase, compute vs wait, MB per payload
     python -m hpcfl.analyze curves RESULTS... --out FIG.png [--x round|bytes] [--metric ...]
     python -m hpcfl.analyze partition RUN.h5 --out FIG.png
-    python -m hpcfl.analyze export RESULTS... --out DIR [--to tensorboard]
-                                                         replay result files into TensorBoard event files
+    python -m hpcfl.analyze export RESULTS... --out DIR [--to tensorboard|mlflow|wandb]
+                                                         replay result files into a tracker, offline
 
 `hpcfl analyze ...` is the same command. RESULTS are result files or folders (searched recursively).
 Runs are grouped by `--by` config keys (default: every key whose value differs between runs, seeds and
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from hpcfl.analysis import load, render, rounds_to_target, summary
-from hpcfl.analysis.export import TARGETS, export
+from hpcfl.analysis.export import TARGETS, VIEW, export
 from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
 from hpcfl.analysis.results import truncate, varying_keys
@@ -43,6 +43,7 @@ NEEDS = {"table": (None, ()), "compare": (None, ()), "target": (None, ()), "curv
          "personal": (("round/personal_acc_mean", "round/personal_acc_std"), ()),
          "forgetting": (("client_class/forgetting", "partition"), ()),
          "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
+COMMANDS = (*NEEDS, "partition", "export")      # every subcommand, in the order --help lists them
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -98,7 +99,7 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
             return 2
         for problem in problems:
             sys.stderr.write(f"hpcfl: skipped: {problem}\n")
-        print(f"hpcfl: {len(written)} run(s) written under {args.out}; view them with tensorboard --logdir {args.out}")
+        print(f"hpcfl: {len(written)} run(s) written under {args.out}; then: {VIEW[args.to].format(out=args.out)}")
         return 0 if written else 2
     if args.command == "partition":
         try:

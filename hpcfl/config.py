@@ -20,73 +20,102 @@ from hpcfl.errors import ConfigError
 
 @dataclass(frozen=True)
 class RunConfig:
-    study: str = "default"          # results go to <results_root>/<study>/<name>.h5
-    name: str = ""                  # default: <algorithm>-<partition>-seed<seed>
-    arm: str = ""                   # the compared method this run belongs to ([sweep.arms]); analyze compare
-                                    # --baseline run.arm=NAME pairs the arms however many keys each sets
-    seed: int = 0
-    rounds: int = 10
-    results_root: str = "results"
-    device: str = "auto"            # auto | cpu | cuda
-    threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on CPU)
-    checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, USR1/TERM)
-    checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file
-    round_timeout_s: float = 1800.0 # a rank silent this long in a collective (hung, dead) ends the job; 0: wait forever
-    placement: str = "auto"         # fixed: each client trains on one worker for the whole run; per_round: each
-                                    # round's sampled clients are dealt to the workers by size (stateless clients
-                                    # only; every worker holds every client's data); auto: per_round where allowed
+    """`[run]`: what the run is called, its seed and length, where its results go, and how it runs."""
+    study: str = "default"          # results go to <results_root>/<study>/<name>.h5 (a plain name: no / or \,
+                                    # no leading ., at most 200 bytes)
+    name: str = ""                  # the run's name; "": <algorithm>-<partition>-seed<seed>
+    arm: str = ""                   # the compared method this run belongs to (a sweep's [sweep.arms] sets it);
+                                    # analyze compare --baseline run.arm=NAME pairs arms that differ in several keys
+    seed: int = 0                   # the training seed: the initial model, the cohorts and each client's batches
+                                    # derive from it, and the split too unless data.seed is set
+    rounds: int = 10                # communication rounds
+    results_root: str = "results"   # where result files go (--results-root overrides it)
+    device: str = "auto"            # auto: a GPU if there is one, else the CPU with a warning; cpu; cuda: fails at
+                                    # set-up without a GPU. A worker takes GPU (node-local rank % GPUs)
+    threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on a CPU)
+    checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, SIGUSR1/SIGTERM)
+    checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file (removed once the run
+                                    # completes)
+    round_timeout_s: float = 1800.0 # a rank silent this long in a collective (hung, dead) ends the job, naming the
+                                    # round and the rank; 0: wait forever. It must exceed the longest legitimate
+                                    # wait, usually one round's local training
+    placement: str = "auto"         # fixed: each client trains on one worker for the whole run (data balanced over
+                                    # workers); per_round: each round's cohort is dealt to the workers afresh,
+                                    # largest client first to the least-loaded worker (clients without state only;
+                                    # every worker then holds every client's data); auto: per_round where the
+                                    # clients keep no state between rounds, else fixed
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "fashion_mnist"
-    root: str = ""                  # "" -> --data-root, then $HPCFL_DATA, then /usr/share/datasets
-    num_clients: int = 20
-    partition: str = "iid"
-    partition_params: dict = field(default_factory=dict)
-    min_samples: int = 10
-    train_samples: int = 0             # > 0: partition a random subset of this many training samples with the
-                                       # training set's class mix (a CPU-sized study), drawn with data.seed
-    validation_fraction: float = 0.0   # hold out this share of each client's data (FedFM: 0.2)
-    local_test_ratio: float = 0.0      # per-client test set, label mix of the client, size ratio x train
-                                       # (FedClassAvg: 0.3)
-    seed: int = -1                     # fixes the split, its validation and local test sets (and FedKA's shared set)
-                                       # apart from run.seed (init, cohorts, batches); -1: run.seed
+    """`[data]`: the data set, how it is split among the clients, and what each client holds out."""
+    dataset: str = "fashion_mnist"  # fashion_mnist, digits, mnist, emnist_letters, cifar10, cifar100, cinic10,
+                                    # tiny_imagenet, shakespeare, synthetic, or a plug-in "package.module:load"
+    root: str = ""                  # the data root; "": --data-root, then $HPCFL_DATA, then /usr/share/datasets
+    num_clients: int = 20           # clients in the federation
+    partition: str = "iid"          # how the training set is split among the clients (see Partitions)
+    partition_params: dict = field(default_factory=dict)   # the scheme's parameters, e.g. { beta = 0.5 }
+    min_samples: int = 10           # every client gets at least this many samples (schemes with random sizes
+                                    # redraw until it holds)
+    train_samples: int = 0          # > 0: the clients share out a random subset of this many training samples with
+                                    # the training set's class mix, drawn with the split's seed (a CPU-sized study
+                                    # scales the data, not the regime); 0: all
+    validation_fraction: float = 0.0   # hold out this share of each client's data (FedFM: 0.2); records
+                                    # client/val_acc and round/val_acc, on which the analysis selects rounds
+                                    # (never on test accuracy)
+    local_test_ratio: float = 0.0   # a per-client test set drawn from the test set with the client's label mix,
+                                    # ratio x the client's training size (FedClassAvg: 0.3); records
+                                    # client/local_test_acc and round/personal_acc_mean / _std
+    seed: int = -1                  # the split's seed: the partition, each client's validation and local test
+                                    # samples, FedKA's shared set; -1: run.seed. A fixed data.seed keeps one split
+                                    # across training seeds
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "fmnist_cnn"
+    """`[model]`: the network every client trains, or one per client with `architectures`."""
+    name: str = "fmnist_cnn"        # a model (see Models), or a plug-in "package.module:Model"
     architectures: list[str] = field(default_factory=list)   # heterogeneous clients: client k gets
-                                    # architectures[k % len]; empty: every client gets `name`
-    batchnorm: str = "average"      # average: BN weights and running statistics averaged like every tensor;
-                                    # local: each client keeps its own BN layers (FedBN), the server still averages them
-    params: dict = field(default_factory=dict)   # the model's options (model_params): a key applies to every
-                                    # architecture; a table under an architecture's name to that one only
+                                    # architectures[k % len]; their feature widths must agree; only the personalised
+                                    # algorithms take it (fedclassavg, fedproto, local_only, ensemble); empty: every
+                                    # client gets `name`
+    batchnorm: str = "average"      # average: BatchNorm weights and running statistics are averaged like every
+                                    # tensor; local: each client keeps its own BatchNorm layers (FedBN) while the
+                                    # server's average serves the global model
+    params: dict = field(default_factory=dict)   # the model's options: a key applies to every architecture (and must
+                                    # be an option of each); a table under an architecture's name to that one only,
+                                    # e.g. { preactivation = true, resnet18 = { feature_layer = 512 } }
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    clients_per_round: int = 10
-    local_epochs: int = 1
-    batch_size: int = 32
-    optimizer: str = "sgd"          # sgd | adam
+    """`[train]`: the cohort and each client's local training."""
+    clients_per_round: int = 10     # cohort size, sampled uniformly without replacement
+    local_epochs: int = 1           # local passes over the client's data per round
+    batch_size: int = 32            # local minibatch size
+    optimizer: str = "sgd"          # sgd | adam (a fresh optimizer per client and round)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])   # Adam's (FedClassAvg's code: [0.5, 0.999])
-    lr: float = 0.05
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    augment: str = "none"           # none | crop_flip (random crop after 4-px padding + flip, on the device)
-    on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf: stop the run after the round,
-                                    # or drop that client's update and go on (both record it as client/nonfinite)
+    lr: float = 0.05                # the local learning rate
+    momentum: float = 0.0           # SGD's heavy-ball momentum
+    weight_decay: float = 0.0       # L2 weight decay, in the optimizer
+    augment: str = "none"           # none | crop_flip: random crop after 4-pixel zero padding + horizontal flip,
+                                    # batched on the device, seeded per (round, client)
+    on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf is left out of the aggregate and
+                                    # recorded (client/nonfinite); stop: end the run after that round (exit 1);
+                                    # drop: go on, the client keeping its state of before the round
     batched_clients: int = 0        # train up to this many of a worker's sampled clients as one batched
-                                    # computation (hpcfl.training.batched; plain training only); 0: one after another
+                                    # computation (for GPUs; slower on a CPU); plain local training only (fedavg,
+                                    # fedavgm, fednova, no terms, no dropout or BatchNorm); 0: one after another
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    name: str = "fedavg"
-    params: dict = field(default_factory=dict)
-    terms: dict = field(default_factory=dict)   # local loss terms: ["prox", "moon"] or {prox = {mu = 0.01}}
+    """`[algorithm]`: the federated algorithm, its parameters, and local loss terms added to it."""
+    name: str = "fedavg"            # an algorithm (see Algorithms), or a plug-in "package.module:Class"
+    params: dict = field(default_factory=dict)  # the algorithm's own parameters (see Algorithms)
+    terms: dict = field(default_factory=dict)   # local loss terms added to any algorithm: ["prox", "moon"], or tables
+                                    # with parameters, { prox = { mu = 0.01 } } (see Loss terms); its name in 0.1,
+                                    # algorithm.regularizers, is still read, with a warning, until the next release
 
 
 # keys renamed in this release -> their new names; the old ones are accepted until the next release
@@ -95,16 +124,19 @@ RENAMED = {"algorithm.regularizers": "algorithm.terms"}
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = 1                  # evaluate the global model every k rounds (and at the last)
-    batch_size: int = 1000
-    forgetting: bool = False        # class-wise accuracy of the round's global model and of every trained
-                                    # local model on the test set, and FedKA's forgetting degree (eq. 1)
-    feature_quality: bool = False   # after the last round, NMI and silhouette of the global model's test
-                                    # features (FedFM Table IV; K-means: about a second)
+    """`[eval]`: when the server's model is tested, and what else is measured."""
+    every: int = 1                  # evaluate the global model after rounds k, 2k, ... (and after the last)
+    batch_size: int = 1000          # evaluation batch size
+    forgetting: bool = False        # every round, the class-wise test accuracy of the round's starting global model
+                                    # and of every trained local model, and FedKA's forgetting degree (eq. 1);
+                                    # costs one test-set evaluation per sampled client
+    feature_quality: bool = False   # after the last round, NMI and silhouette of the global model's test features
+                                    # (FedFM Table IV; K-means: about a second, so off unless asked)
 
 
 @dataclass(frozen=True)
 class JobConfig:
+    """A whole job file: one frozen dataclass per table, every key checked before any rank trains."""
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -9,5 +9,5 @@
 # export HPCFL_CACHE=/scratch/$USER/hpcfl-cache   # decoded data sets, read by every later run ("off": decode each time)
 # export HPCFL_MPI_LAUNCH=mpiexec            # start ranks with the MPI's launcher instead of srun
 # MPICH leaves ~1 MB per killed rank in /dev/shm/mpich_shm_*; a leftover can hang a later job with the same
-# id in MPI_Init. step.sh removes the step's own segments on the first node (README: Reliability).
+# id in MPI_Init. step.sh removes the step's own segments on the first node (docs/explanation/reliability.md).
 :

@@ -7,7 +7,7 @@
 # Afterwards it removes the shared-memory segments MPICH left in /dev/shm (about 1 MB per rank that was
 # killed; a leftover segment named after a job step can make a later job with the same id hang in
 # MPI_Init): those of this user created while the step ran that no process still maps. On a job of
-# several nodes this cleans the first node; see the README (Reliability) for the others.
+# several nodes this cleans the first node; docs/explanation/reliability.md says how to clean the others.
 launcher=${HPCFL_MPI_LAUNCH:-srun --mpi=pmi2}
 started=$(mktemp "${TMPDIR:-/tmp}/hpcfl-step.XXXXXX")      # segments newer than this are the step's
 $launcher "$@" &

@@ -204,3 +204,19 @@ def test_a_plugin_that_fails_as_it_loads_is_a_config_error_naming_the_key(tmp_pa
     with pytest.raises(hpcfl.ConfigError, match=r"algorithm.name = 'brokenfl:Old': importing module 'brokenfl' "
                                                 r"failed: TypeError: .*traits = Traits\(stateless=...\)"):
         hpcfl.run(job)
+
+
+def test_a_plugin_term_asking_for_anchors_must_carry_the_anchor_phases_settings(tmp_path, monkeypatch):
+    (tmp_path / "anchorfl.py").write_text(
+        "from dataclasses import dataclass\nfrom hpcfl import Term\nfrom hpcfl.terms import FeatureMatching\n\n"
+        "class Bare(Term):\n    name, needs_anchors = 'bare', True\n\n"
+        "    @dataclass(frozen=True)\n    class Params:\n        weight: float = 1.0\n\n"
+        "class Matched(FeatureMatching):\n    name = 'matched'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = _job(tmp_path)
+    job["algorithm"]["terms"] = {"anchorfl:Bare": {}}
+    with pytest.raises(hpcfl.ConfigError, match=r"algorithm.terms = 'anchorfl:Bare': Bare sets needs_anchors but "
+                                                r"its Params has no anchor_weighting or start_round"):
+        hpcfl.run(job)
+    from hpcfl.terms import TERMS
+    assert TERMS["anchorfl:Matched"].needs_anchors           # FeatureMatching's Params carries both

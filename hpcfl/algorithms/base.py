@@ -128,6 +128,8 @@ class Traits:
 
 
 class Algorithm:
+    """The contract of an algorithm: a round as phases, each with a client half (train, contribute) and a
+    server half (aggregate); docs/how-to/write-your-own-algorithm.md builds one."""
     name: ClassVar[str]
     traits: ClassVar[Traits] = Traits()
 

@@ -52,6 +52,7 @@ from hpcfl.terms import ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistil
 
 
 class FedAvg(Algorithm):
+    """FedAvg (McMahan et al., AISTATS 2017, Alg. 1): the sample-weighted mean of the cohort's trained models."""
     name = "fedavg"
     traits = Traits(batched=True, stateless=True)
     term: ClassVar[type[Term] | None] = None      # a preset's own local term, built from Params
@@ -111,29 +112,35 @@ class FedAvg(Algorithm):
 
 
 class FedProx(FedAvg):
+    """FedProx (Li et al., MLSys 2020, eq. 2): FedAvg whose clients add the proximal term `prox`."""
     name, term, Params = "fedprox", Prox, with_init(Prox.Params)
     traits = Traits(stateless=True)
 
 
 class MOON(FedAvg):            # not stateless: each client keeps its previous local model
+    """MOON (Li, He & Song, CVPR 2021): FedAvg with the model-contrastive term `moon` and its projection head."""
     name, term, Params = "moon", Moon, with_init(Moon.Params)
 
 
 class FedRS(FedAvg):
+    """FedRS (Li & Zhan, KDD 2021): FedAvg with the restricted softmax `fedrs`."""
     name, term, Params = "fedrs", RestrictedSoftmax, with_init(RestrictedSoftmax.Params)
     traits = Traits(stateless=True)
 
 
 class FedNTD(FedAvg):
+    """FedNTD (Lee et al., NeurIPS 2022): FedAvg with not-true distillation `ntd`."""
     name, term, Params = "fedntd", NotTrueDistillation, with_init(NotTrueDistillation.Params)
     traits = Traits(stateless=True)
 
 
 class FedFM(FedAvg):
+    """FedFM (Ye et al., IEEE TSP 2023, Alg. 1): anchor phase from T_s, then FedAvg with contrastive guiding `fm_cg`."""
     name, term, Params = "fedfm", ContrastiveGuiding, with_init(ContrastiveGuiding.Params)
     traits = Traits(stateless=True)
 
 
 class FedKA(FedAvg):
+    """FedKA (Chen et al., ACM MM 2023, Alg. 1): FedAvg with the knowledge-anchor term `ka` over a shared set."""
     name, term, Params = "fedka", KnowledgeAnchor, with_init(KnowledgeAnchor.Params)
     traits = Traits(stateless=True)

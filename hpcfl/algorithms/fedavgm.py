@@ -20,6 +20,7 @@ from hpcfl.algorithms.fedavg import FedAvg
 
 
 class FedAvgM(FedAvg):
+    """FedAvgM (Hsu et al., 2019): server momentum on the pseudo-gradient, by default at FedAvg's step."""
     name = "fedavgm"
     traits = Traits(batched=True, stateless=True)
 

@@ -46,14 +46,15 @@ SHARED = "shared"
 
 
 class FedClassAvg(Personal):
+    """FedClassAvg (Jang et al., ICPP 2022, Alg. 1): personal models; only the classifier is averaged."""
     name = "fedclassavg"
 
     @dataclass(frozen=True)
     class Params:
-        rho: float = 0.1
-        temperature: float = 0.07
-        base_temperature: float = 0.07
-        normalize: bool = True
+        rho: float = 0.1                  # the classifier-only proximal term's weight (eq. 5)
+        temperature: float = 0.07         # SupCon's tau (the authors' code: 100)
+        base_temperature: float = 0.07    # SupCon is scaled by temperature / base_temperature
+        normalize: bool = True            # SupCon on L2-normalised features (the authors' code: false)
         share: str = "classifier"         # classifier | all (Table 3, "+weight": homogeneous models only)
         warmup_epochs: int = 0            # local epochs before a client's first round (the authors' code: 1)
         supcon_weight: float = 1.0        # 0: Table 4's CA + PR, no contrastive loss (still two augmented views)

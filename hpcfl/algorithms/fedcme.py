@@ -102,6 +102,8 @@ class FeatureAlignment(Term):
 
 
 class FedCME(Swapping, FedAvg):
+    """FedCME (Nie, Xiao, Yang & Wu): paired clients swap classifiers mid-round; features aligned to the global
+    class features."""
     name = "fedcme"
 
     @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class FedCME(Swapping, FedAvg):
         mu: float = 0.01                  # the paper's 0.1 or 0.01; 0.01 trained fastest (Table III)
         exchange: str = "classifier"      # classifier | none (FedCME-OL / -OE) | model (WM) | features (FE)
         matching: str = "pairs"           # pairs | many_to_one (FedCME-MTO)
-        eval_fraction: float = 0.2
+        eval_fraction: float = 0.2        # the share of a client's data its evaluation vector is measured on
 
         def __post_init__(self):
             if self.exchange not in (*SWAPPED, "none"):

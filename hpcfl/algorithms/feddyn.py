@@ -17,11 +17,12 @@ from hpcfl.terms import Linear, Prox
 
 
 class FedDyn(FedAvg):
+    """FedDyn (Acar et al., ICLR 2021, Alg. 1): linear and proximal local terms, per-client gradient state."""
     name = "feddyn"
 
     @dataclass(frozen=True)
     class Params:
-        alpha: float = 0.01
+        alpha: float = 0.01               # the dynamic regulariser's weight
 
         def __post_init__(self):
             if self.alpha <= 0:

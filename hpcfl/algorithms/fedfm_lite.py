@@ -31,6 +31,7 @@ LOCAL, BASE = "lite.model.", "lite.base"      # a client's own model and the glo
 
 
 class FedFMLite(FedAvg):
+    """FedFM-Lite (Ye et al., section VI): one handshake a round; anchors every round, models every a rounds."""
     name, term = "fedfm_lite", ContrastiveGuiding
     traits = Traits(anchor_phase=False)
 

@@ -66,6 +66,7 @@ from hpcfl.seeding import numpy_rng
 
 
 class FedMA(Matching, Algorithm):
+    """FedMA (Wang et al., ICLR 2020, Alg. 1): layer-wise matching with BBP-MAP, then retraining."""
     name = "fedma"
 
     @dataclass(frozen=True)

@@ -53,6 +53,7 @@ def check_prox(name: str, job) -> None:
 
 
 class FedNova(FedAvg):
+    """FedNova (Wang et al., NeurIPS 2020, eq. 6-7): updates normalised by each client's step count a_i."""
     name = "fednova"
     traits = Traits(batched=True, stateless=True,
                     sgd_only="its normalisation counts SGD steps (with momentum and prox)")

@@ -48,6 +48,7 @@ class PrototypeDistance(Term):
 
 
 class FedProto(Personal):
+    """FedProto (Tan et al., AAAI 2022): personal models; class prototypes are averaged and pulled towards."""
     name, Params = "fedproto", PrototypeDistance.Params
 
     def __init__(self, params, setup):

@@ -29,6 +29,7 @@ PROBS = "probs"
 
 
 class LocalOnly(Personal):
+    """Local training only: no communication; each client continues from its own model (personalised accuracy)."""
     name, Params = "local_only", InitParams
 
     def init_client_state(self, client, initial_model):
@@ -54,6 +55,7 @@ class LocalOnly(Personal):
 
 
 class Ensemble(LocalOnly):
+    """FedMA's "Ensemble" baseline: the local-only models predict together by their averaged softmax."""
     name = "ensemble"
     traits = LocalOnly.traits.but(client_test=True)     # still no global model: no single model's features
 

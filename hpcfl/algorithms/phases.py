@@ -25,6 +25,7 @@ MATCHED = "#matched"          # a matching phase's answer: {"global": one tensor
 
 @dataclass(frozen=True)
 class Phase:
+    """A training phase: the `downlink` payloads are broadcast, clients train, the `uplink` ones sum-reduced."""
     name: str
     downlink: Mapping[str, Layout] = field(default_factory=dict)   # broadcast payloads
     uplink: Mapping[str, Layout] = field(default_factory=dict)     # sum-reduced payloads
@@ -37,6 +38,7 @@ class MatchPhase(Phase):
 
 @dataclass(frozen=True)
 class SwapPhase:
+    """A client-to-client exchange inside a round: each receiving client gets `exchange` from its source."""
     name: str
     exchange: Layout                    # the tensors each receiving client gets from its source
 

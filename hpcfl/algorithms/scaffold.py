@@ -34,11 +34,12 @@ from hpcfl.terms import Linear
 
 
 class Scaffold(FedAvg):
+    """SCAFFOLD (Karimireddy et al., ICML 2020, Alg. 1 option II): control variates; local momentum allowed."""
     name = "scaffold"
 
     @dataclass(frozen=True)
     class Params:
-        server_lr: float = 1.0
+        server_lr: float = 1.0            # eta_g, the server's step on the averaged model change
 
     traits = Traits(sgd_only="its option II control variates divide the model change by lr times the SGD step count")
 

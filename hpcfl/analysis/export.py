@@ -1,14 +1,28 @@
-"""Result files replayed into an experiment tracker's offline format: `hpcfl analyze export --to
-tensorboard RESULTS... --out DIR`.
+"""Result files replayed into an experiment tracker's offline format:
+`hpcfl analyze export --to tensorboard|mlflow|wandb RESULTS... --out DIR`.
 
-Each run becomes DIR/<study>/<run>/ with one TensorBoard event file: every per-round figure
-(`round/*`) as a scalar at step = round (1-based; rounds that were not evaluated are left out, not
-written as NaN), every `final/*` figure at the last round, and the job's configuration as text. Only
+Each run gives the tracker the same thing (`Replay`): every per-round figure (`round/*`) as a
+scalar at step = round (1-based; rounds that were not evaluated are left out, not written as NaN),
+every `final/*` figure at the last round, the job's configuration and the run's status. Only
 committed rounds are read, so a crashed or running run exports what it finished, on a compute node
-without internet. The HDF5 file stays the source of truth: exporting again rewrites the folder.
+without internet. The HDF5 file stays the source of truth: exporting a run again replaces what an
+earlier export wrote for it.
+
+- tensorboard: DIR/<study>/<run>/, one event file (`tensorboard --logdir DIR`).
+- mlflow: a file store in DIR (`mlruns` layout), one experiment per study, one run per result file
+  named after it, the configuration as flattened parameters. MLflow keeps its file store in
+  maintenance mode; hpcfl writes it with `MLFLOW_ALLOW_FILE_STORE=true`, the same setting reads it
+  (`mlflow ui --backend-store-uri DIR`), and `mlflow migrate-filestore` moves it into a database.
+- wandb: offline runs under DIR/wandb/ (`wandb sync DIR/wandb/offline-run-*` uploads them later),
+  one project per study; the run id is derived from (study, run), so a later export replaces it.
 """
+import hashlib
 import json
+import os
 import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,36 +31,125 @@ from hpcfl.analysis.results import find_files
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
-TARGETS = ("tensorboard",)
+# target -> (the module it needs, what to install)
+NEEDS = {"tensorboard": ("torch.utils.tensorboard", "'hpcfl[tensorboard]' (or tensorboard)"),
+         "mlflow": ("mlflow", "'hpcfl[mlflow]' (or mlflow-skinny)"),
+         "wandb": ("wandb", "'hpcfl[wandb]' (or wandb)")}
+TARGETS = tuple(NEEDS)
+# target -> how to look at what it wrote
+VIEW = {"tensorboard": "tensorboard --logdir {out}",
+        "mlflow": "MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {out}",
+        "wandb": "wandb sync {out}/wandb/offline-run-* (uploads them)"}
 
 
-def export(paths, out: Path, to: str = "tensorboard") -> tuple[list[Path], list[str]]:
-    """Write each readable result file under `out`; returns (the folders written, the problems)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ResultsError("the TensorBoard export needs the tensorboard package: pip install "
-                           "'hpcfl[tensorboard]' (or pip install tensorboard)") from None
-    written, problems = [], []
-    for path in find_files(paths):
-        try:
-            run = read_run(path, keys=None)
-        except ResultsError as err:
-            problems.append(str(err))
-            continue
-        folder = Path(out) / str(run.attrs.get("study", "")) / str(run.attrs.get("run", path.stem))
-        shutil.rmtree(folder, ignore_errors=True)
-        writer = SummaryWriter(log_dir=str(folder))
+@dataclass
+class Replay:
+    """What a tracker is given of one result file."""
+    study: str
+    name: str
+    config: dict
+    status: str
+    rounds: int
+    scalars: list[tuple[str, int, float]]       # (figure, step, value), finite values only
+
+    @classmethod
+    def of(cls, path: Path) -> "Replay":
+        run = read_run(path, keys=None)
+        scalars = []
         for name, values in sorted(run.arrays.items()):
             series = np.asarray(values, dtype=float) if name.startswith(("round/", "final/")) else None
             if series is None or series.ndim > 1:
                 continue
             steps = [run.rounds] if name.startswith("final/") else range(1, len(series) + 1)
-            for step, value in zip(steps, np.atleast_1d(series), strict=True):
-                if np.isfinite(value):
-                    writer.add_scalar(name, float(value), step)
-        writer.add_text("config", f"```\n{json.dumps(run.attrs.get('config', {}), indent=2, sort_keys=True)}\n```")
-        writer.add_text("status", f"{run.attrs.get('status', 'running')}, {run.rounds} rounds committed")
-        writer.close()
-        written.append(folder)
+            scalars += [(name, step, float(v)) for step, v in zip(steps, np.atleast_1d(series), strict=True)
+                        if np.isfinite(v)]
+        return cls(str(run.attrs.get("study", "")), str(run.attrs.get("run", path.stem)),
+                   run.attrs.get("config", {}), str(run.attrs.get("status", "running")), run.rounds, scalars)
+
+    def by_step(self) -> dict[int, dict[str, float]]:
+        steps = defaultdict(dict)
+        for name, step, value in self.scalars:
+            steps[step][name] = value
+        return dict(sorted(steps.items()))
+
+
+def flatten(table: dict, prefix: str = "") -> dict[str, str]:
+    """{"train": {"lr": 0.05}} -> {"train.lr": "0.05"}: the configuration as tracker parameters."""
+    flat = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
+    return flat
+
+
+def to_tensorboard(replay: Replay, out: Path) -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+    folder = out / replay.study / replay.name
+    shutil.rmtree(folder, ignore_errors=True)
+    writer = SummaryWriter(log_dir=str(folder))
+    for name, step, value in replay.scalars:
+        writer.add_scalar(name, value, step)
+    writer.add_text("config", f"```\n{json.dumps(replay.config, indent=2, sort_keys=True)}\n```")
+    writer.add_text("status", f"{replay.status}, {replay.rounds} rounds committed")
+    writer.close()
+    return folder
+
+
+def to_mlflow(replay: Replay, out: Path) -> Path:
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=out.resolve().as_uri())
+    found = client.get_experiment_by_name(replay.study)
+    experiment = found.experiment_id if found else client.create_experiment(replay.study)
+    for old in client.search_runs([experiment], f"tags.`hpcfl.run` = '{replay.name}'"):
+        client.delete_run(old.info.run_id)
+    run = client.create_run(experiment, run_name=replay.name, tags={
+        "hpcfl.run": replay.name, "hpcfl.status": replay.status, "hpcfl.committed_rounds": str(replay.rounds)})
+    now = int(time.time() * 1000)
+    params = [Param(k, v[:6000]) for k, v in flatten(replay.config).items()]
+    metrics = [Metric(name, value, now, step) for name, step, value in replay.scalars]
+    for i in range(0, max(len(params), len(metrics)), 100):     # MLflow takes at most 100 parameters a batch
+        client.log_batch(run.info.run_id, metrics=metrics[i:i + 100], params=params[i:i + 100])
+    client.set_terminated(run.info.run_id, "FINISHED" if replay.status == "completed" else "FAILED")
+    return out / experiment / run.info.run_id
+
+
+def to_wandb(replay: Replay, out: Path) -> Path:
+    import wandb
+    run_id = hashlib.sha256(f"{replay.study}/{replay.name}".encode()).hexdigest()[:16]
+    for old in (out / "wandb").glob(f"offline-run-*-{run_id}"):
+        shutil.rmtree(old)
+    run = wandb.init(mode="offline", dir=str(out), project=replay.study or "hpcfl", name=replay.name, id=run_id,
+                     config=replay.config, settings=wandb.Settings(silent=True, console="off"))
+    for step, figures in replay.by_step().items():
+        run.log(figures, step=step)
+    run.summary.update({"status": replay.status, "committed_rounds": replay.rounds})
+    run.finish()
+    return Path(run.dir).parent
+
+
+WRITERS = {"tensorboard": to_tensorboard, "mlflow": to_mlflow, "wandb": to_wandb}
+
+
+def export(paths, out: Path, to: str = "tensorboard") -> tuple[list[Path], list[str]]:
+    """Write each readable result file under `out`; returns (where each run went, the problems)."""
+    module, install = NEEDS[to]
+    try:
+        __import__(module)
+    except ImportError:
+        raise ResultsError(f"the {to} export needs the {module.rsplit('.', 1)[-1]} package: "
+                           f"pip install {install}") from None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written, problems = [], []
+    for path in find_files(paths):
+        try:
+            replay = Replay.of(path)
+        except ResultsError as err:
+            problems.append(str(err))
+            continue
+        written.append(WRITERS[to](replay, out))
     return written, problems

@@ -95,14 +95,21 @@ def truncate(results: Results, rounds: int | None = None, max_bytes: float | Non
 
 
 def tidy(results: Results) -> pd.DataFrame:
-    """One row per run x round x metric: path, round, metric, value, and the run's config keys."""
+    """One row per run x round x metric: path, round, metric, value, and the run's config keys. A metric
+    with more values per round (client/*, rank/*, class/*: round x entry; client_class/*: round x client
+    x class) gives a row per entry, its position in `index` (an int, or a tuple); per-round metrics
+    have index -1."""
     frames = []
     for path, metrics in results.series.items():
         for metric, values in metrics.items():
-            frames.append(pd.DataFrame({"path": path, "round": np.arange(len(values)), "metric": metric,
-                                        "value": values}))
+            values = np.asarray(values)
+            entries = list(np.ndindex(values.shape[1:]))
+            index = [-1] if not entries[0] else [e[0] if len(e) == 1 else e for e in entries]
+            frames.append(pd.DataFrame({"path": path, "round": np.repeat(np.arange(len(values)), len(index)),
+                                        "metric": metric, "index": index * len(values),
+                                        "value": values.reshape(-1)}))
     long = (pd.concat(frames, ignore_index=True) if frames
-            else pd.DataFrame(columns=["path", "round", "metric", "value"]))
+            else pd.DataFrame(columns=["path", "round", "metric", "index", "value"]))
     return long.merge(results.runs, on="path", how="left")
 
 

@@ -50,7 +50,7 @@ def flat_size(stack: nn.Module, in_shape: tuple[int, ...], model: str, min_side:
 @dataclass(frozen=True)
 class HeadOptions:
     """[model] params of a model whose features end with a hidden Linear + ReLU."""
-    preactivation: bool = False     # features stop before that ReLU, which starts the classifier
+    preactivation: bool = False     # features(x) stops before the last hidden ReLU, which starts the classifier
 
 
 DEFAULT_HEAD = HeadOptions()        # the constructors' default (frozen, so one instance serves them all)

@@ -13,6 +13,7 @@ that lives with the client on its worker, off the GPU between rounds (`finish`, 
 The terms, by family: hpcfl.terms.weights (`prox`), .contrastive (`moon`, `supcon`),
 .logits (`fedrs`, `ntd`, `ka`), .matching (`fm_cg`, `fm_l2`); each module cites its papers.
 """
+import dataclasses
 from collections.abc import Mapping
 
 from torch import nn
@@ -30,8 +31,20 @@ __all__ = ["Frozen", "Term", "Tensors", "Moon", "ProjectedClassifier", "SupCon",
            "L2Matching", "Linear", "Prox", "TERMS", "term_params", "build_terms", "adapt_model"]
 
 
+def check_term(found) -> str | None:
+    """What is wrong with `found` as a loss term: not a Term subclass with a name, or a term that asks for
+    the anchor phase without the settings that phase reads from it."""
+    problem = subclass_of(Term, "a loss term")(found)
+    if problem is None and found.needs_anchors:
+        lacking = sorted({"start_round", "anchor_weighting"} - {f.name for f in dataclasses.fields(found.Params)})
+        if lacking:
+            return (f"{found.__qualname__} sets needs_anchors but its Params has no {' or '.join(lacking)}, which "
+                    "the anchor phase reads: subclass hpcfl.terms.FeatureMatching (its Params has both)")
+    return problem
+
+
 # the names in algorithm.terms: these, or a plug-in's "package.module:Class" (hpcfl.plugins)
-TERMS = Registry("algorithm.terms", subclass_of(Term, "a loss term"), {
+TERMS = Registry("algorithm.terms", check_term, {
     cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching,
                               SupCon, KnowledgeAnchor)})
 

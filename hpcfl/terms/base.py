@@ -14,6 +14,8 @@ Tensors = dict[str, torch.Tensor]
 
 
 class Term:
+    """A local loss term added to any algorithm's training: it sees the model the client started from, may
+    rescale the logits and adds to each batch's loss."""
     name: ClassVar[str]
 
     @dataclass(frozen=True)

@@ -42,12 +42,13 @@ class ProjectedClassifier(nn.Module):
 
 
 class Moon(Term):
+    """MOON's model-contrastive loss: features near the global model's, far from the previous local model's."""
     name, keeps_state = "moon", True
 
     @dataclass(frozen=True)
     class Params:
-        mu: float = 1.0
-        temperature: float = 0.5
+        mu: float = 1.0               # the term's weight (eq. 4's mu)
+        temperature: float = 0.5      # tau of the contrastive loss (eq. 3)
         projection: int = 256         # width of z from the projection head (section 3.1); 0: no head, z = features
 
         def __post_init__(self):
@@ -106,9 +107,9 @@ class SupCon(Term):
 
     @dataclass(frozen=True)
     class Params:
-        weight: float = 1.0
-        temperature: float = 0.07
-        base_temperature: float = 0.07
+        weight: float = 1.0           # the term's weight in the local loss
+        temperature: float = 0.07     # tau (FedClassAvg's code: 100)
+        base_temperature: float = 0.07  # the loss is scaled by temperature / base_temperature
         normalize: bool = True        # FedClassAvg's code: False, with temperature = 100
 
     def loss(self, model, x, y, features, logits):

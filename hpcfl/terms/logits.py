@@ -46,11 +46,12 @@ from hpcfl.terms.base import Frozen, Term
 
 
 class RestrictedSoftmax(Term):
+    """FedRS's restricted softmax: the logits of classes the client lacks are scaled by alpha."""
     name = "fedrs"
 
     @dataclass(frozen=True)
     class Params:
-        alpha: float = 0.5
+        alpha: float = 0.5            # the scale of the logits of classes the client does not hold
         bias: str = "scale"           # scale: s (w^T h + b) | drop: s w^T h (the authors' code) | keep: s w^T h + b
 
         def __post_init__(self):
@@ -73,12 +74,14 @@ class RestrictedSoftmax(Term):
 
 
 class NotTrueDistillation(Term):
+    """FedNTD's not-true distillation: KL to the global model's softmax over the classes other than the label."""
     name = "ntd"
 
     @dataclass(frozen=True)
     class Params:
-        beta: float = 1.0
-        tau: float = 1.0          # the paper's and the authors' config (their NTD_Loss class defaults to 3)
+        beta: float = 1.0         # the distillation term's weight
+        tau: float = 1.0          # the distillation temperature: the paper's and the authors' config (their
+                                  # NTD_Loss class defaults to 3)
 
         def __post_init__(self):
             if self.tau <= 0 or self.beta < 0:

@@ -41,6 +41,7 @@ class FeatureMatching(Term):
 
 
 class ContrastiveGuiding(FeatureMatching):
+    """FedFM's contrastive guiding (section IV-C): cross-entropy of the features' cosine to every anchor."""
     name = "fm_cg"
 
     def match(self, features, y):

@@ -11,11 +11,12 @@ from hpcfl.terms.base import Tensors, Term
 
 
 class Prox(Term):
+    """FedProx's proximal term (mu/2) ||w - w_ref||^2 against the model the client started from."""
     name = "prox"
 
     @dataclass(frozen=True)
     class Params:
-        mu: float = 0.01
+        mu: float = 0.01              # the proximal term's weight (the loss adds mu/2 ||w - w_ref||^2)
         scope: str = "model"          # model | classifier (FedClassAvg eq. 5: the head only)
         reduction: str = "sum"        # sum: ||w - w_ref||^2 (FedProx); mean: per tensor (FedClassAvg's code)
 

@@ -323,7 +323,7 @@ def test_feddyn_default_alpha_is_the_documented_one_and_params_are_frozen():
     from hpcfl.algorithms import algorithm_params
 
     params = algorithm_params("feddyn", {})
-    assert params.alpha == 0.01                     # README: `alpha` (0.01)
+    assert params.alpha == 0.01                     # the documented default
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.alpha = 0.1
 

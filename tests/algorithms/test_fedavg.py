@@ -161,7 +161,7 @@ def test_shared_init_runs_as_before_and_independent_sends_no_model_in_round_0(ti
 
 
 def test_which_algorithms_may_move_clients_and_train_them_together():
-    """The README lists them: clients of these keep no state between rounds (placement 'auto' deals
+    """The docs list them (run.placement): clients of these keep no state between rounds (placement 'auto' deals
     them per round), and these train their clients as one batched computation."""
     from hpcfl.algorithms import ALGORITHMS
 

@@ -1,5 +1,8 @@
-"""Result files replayed into TensorBoard event files, read back with TensorBoard's own reader."""
+"""Result files replayed into an offline tracker (TensorBoard, MLflow, W&B), read back with each one's own reader
+(W&B: its record protobufs, from the LevelDB-style log it writes)."""
+import json
 import shutil
+import struct
 
 import h5py
 import numpy as np
@@ -10,6 +13,21 @@ from hpcfl.analyze import main
 from hpcfl.metrics import read_run
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+
+@pytest.fixture(scope="module")
+def finished_and_crashed(tmp_path_factory):
+    """A finished 3-round run evaluated after rounds 2 and 3, and a copy cut to one committed round."""
+    folder = tmp_path_factory.mktemp("runs")
+    job = folder / "job.toml"
+    from conftest import TINY_JOB
+    job.write_text(TINY_JOB.format(algorithm="fedavg", rounds=3, seed=0) + "[eval]\nevery = 2\n")
+    done = hpcfl.run(job, [f"run.results_root={str(folder / 'results')!r}"], quiet=True)
+    crashed = done.with_name("crashed.h5")
+    shutil.copy(done, crashed)
+    with h5py.File(crashed, "r+") as file:
+        file.attrs["status"], file.attrs["committed_rounds"], file.attrs["run"] = "running", 1, "crashed"
+    return done, crashed
 
 
 def _read(folder):
@@ -38,3 +56,87 @@ def test_export_writes_every_evaluated_round_and_a_crashed_runs_committed_ones(t
     assert "config" in " ".join(events.Tags()["tensors"])
     assert [e.step for e in _read(tmp_path / "tb" / "test" / "crashed").Scalars("round/train_loss")] == [1]
     assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "tb2")]) == 2
+
+
+def test_mlflow_export_holds_every_figure_the_configuration_and_replaces_an_earlier_export(finished_and_crashed,
+                                                                                          tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    done, crashed = finished_and_crashed
+    for _ in range(2):                                  # a second export replaces the first
+        assert main(["export", str(done.parent), "--to", "mlflow", "--out", str(tmp_path / "ml")]) == 0
+    client = MlflowClient(tracking_uri=(tmp_path / "ml").as_uri())
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("test").experiment_id])}
+    assert sorted(runs) == ["crashed", "fedavg-dirichlet-seed0"]
+    run = runs["fedavg-dirichlet-seed0"]
+    recorded = read_run(done).arrays
+    accuracy = client.get_metric_history(run.info.run_id, "round/test_acc")
+    assert sorted(m.step for m in accuracy) == [2, 3]
+    assert np.allclose([m.value for m in sorted(accuracy, key=lambda m: m.step)], recorded["round/test_acc"][1:])
+    assert run.data.params["train.lr"] == str(read_run(done).attrs["config"]["train"]["lr"])
+    assert run.data.tags["hpcfl.status"] == "completed" and run.info.status == "FINISHED"
+    crashed_run = runs["crashed"]
+    assert [m.step for m in client.get_metric_history(crashed_run.info.run_id, "round/train_loss")] == [1]
+    assert crashed_run.data.tags["hpcfl.committed_rounds"] == "1" and crashed_run.info.status == "FAILED"
+
+
+def _wandb_records(path):
+    """The records of a W&B offline run file: a 7-byte W&B header, then LevelDB log blocks of 32 KiB whose
+    records (7-byte header: CRC, length, type 1 full / 2 first / 3 middle / 4 last) hold protobufs."""
+    from wandb.proto import wandb_internal_pb2
+    data, position, pending = path.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while position + 7 <= len(data):
+        if 32768 - position % 32768 < 7:                # a block's tail too short for a header is padding
+            position += 32768 - position % 32768
+            continue
+        length, kind = struct.unpack_from("<HB", data, position + 4)
+        chunk, position = data[position + 7:position + 7 + length], position + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(finished_and_crashed, tmp_path):
+    pytest.importorskip("wandb")
+    done, crashed = finished_and_crashed
+    for _ in range(2):                                  # a second export replaces the first
+        assert main(["export", str(done), str(crashed), "--to", "wandb", "--out", str(tmp_path / "wb")]) == 0
+    runs = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2
+    history, config = {}, {}
+    for folder in runs:
+        (log,) = folder.glob("run-*.wandb")
+        for record in _wandb_records(log):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                name = record.run.display_name
+                config[name] = {i.key: json.loads(i.value_json) for i in record.run.config.update}
+            elif kind == "history":
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                history.setdefault(name, []).append(items)
+    recorded = read_run(done).arrays
+    rounds = history["fedavg-dirichlet-seed0"]
+    assert [r["_step"] for r in rounds] == [1, 2, 3]
+    assert "round/test_acc" not in rounds[0]            # round 1 was not evaluated: left out, not NaN
+    assert np.allclose([r["round/test_acc"] for r in rounds[1:]], recorded["round/test_acc"][1:])
+    assert np.allclose([r["round/train_loss"] for r in rounds], recorded["round/train_loss"])
+    assert config["fedavg-dirichlet-seed0"]["train"]["lr"] == read_run(done).attrs["config"]["train"]["lr"]
+    assert [r["_step"] for r in history["crashed"]] == [1]
+
+
+def test_an_export_whose_tracker_is_not_installed_names_the_package(finished_and_crashed, tmp_path, monkeypatch,
+                                                                    capsys):
+    import builtins
+    real_import = builtins.__import__
+
+    def without_wandb(name, *args, **kwargs):
+        if name == "wandb":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", without_wandb)
+    assert main(["export", str(finished_and_crashed[0]), "--to", "wandb", "--out", str(tmp_path)]) == 2
+    assert "pip install 'hpcfl[wandb]'" in capsys.readouterr().err

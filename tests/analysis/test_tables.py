@@ -97,7 +97,17 @@ def test_tidy_has_one_row_per_run_round_metric(folder):
     assert len(long) == 5 * 4 * 2
     row = long[(long["run.seed"] == 1) & (long["algorithm.name"] == "fedprox") & (long["round"] == 3)
                & (long["metric"] == "round/train_loss")]
-    assert row["value"].item() == pytest.approx(0.1)
+    assert row["value"].item() == pytest.approx(0.1) and row["index"].item() == -1
+
+
+def test_tidy_gives_a_row_per_rank_and_per_client_and_class(folder):
+    long = tidy(load([folder / "fedavg-0.1-1.h5"], metrics=("rank/compute_s", "client_class/forgetting")))
+    ranks = long[long["metric"] == "rank/compute_s"]
+    assert len(ranks) == 4 * 2 and list(ranks[ranks["round"] == 2]["index"]) == [0, 1]
+    assert list(ranks[ranks["round"] == 2]["value"]) == [1.0, 3.0]
+    forgetting = long[(long["metric"] == "client_class/forgetting") & (long["round"] == 0)]
+    assert list(forgetting["index"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert np.allclose(forgetting["value"], [0.2, np.nan, 0.4, 0.1], equal_nan=True)
 
 
 def test_renderings_carry_the_numbers(folder):
