@@ -11,6 +11,7 @@
 `python -m hpcfl.analyze` are the same commands.
 """
 import importlib
+import os
 import sys
 
 import hpcfl
@@ -34,7 +35,13 @@ def main(argv=None) -> int:
             + "usage:" + __doc__.split("\n", 1)[1] + "\n" + exit_help() + "\n")
         return Exit.DONE if asked else Exit.BAD_INPUT
     module, extra = COMMANDS[command]
-    return int(importlib.import_module(module).main([*rest, *extra], prog=f"hpcfl {command}"))
+    try:
+        code = int(importlib.import_module(module).main([*rest, *extra], prog=f"hpcfl {command}"))
+        sys.stdout.flush()                      # a closed pipe shows here rather than as Python exits
+        return code
+    except BrokenPipeError:                     # `hpcfl check JOB | head`: the reader stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return Exit.DONE
 
 
 if __name__ == "__main__":

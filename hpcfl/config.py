@@ -51,7 +51,8 @@ class DataConfig:
     """`[data]`: the data set, how it is split among the clients, and what each client holds out."""
     dataset: str = "fashion_mnist"  # fashion_mnist, digits, mnist, emnist_letters, cifar10, cifar100, cinic10,
                                     # tiny_imagenet, shakespeare, synthetic, or a plug-in "package.module:load"
-    root: str = ""                  # the data root; "": --data-root, then $HPCFL_DATA, then /usr/share/datasets
+    root: str = ""                  # the data root (--data-root overrides it); "": $HPCFL_DATA, else
+                                    # /usr/share/datasets
     num_clients: int = 20           # clients in the federation
     partition: str = "iid"          # how the training set is split among the clients (see Partitions)
     partition_params: dict = field(default_factory=dict)   # the scheme's parameters, e.g. { beta = 0.5 }

@@ -30,7 +30,7 @@ def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=exit_help(),
         description="Run a federated-learning job described by a TOML job file (see jobs/). "
                     "Without mpirun one process does everything; with `mpirun -np N`, rank 0 is the "
-                    "server and ranks 1..N-1 host the clients. Same seed, same numbers, any N.")
+                    "server and ranks 1..N-1 host the clients. Same seed, same numbers (to float rounding), any N.")
     parser.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any job-file key with a TOML value, e.g. --set train.lr=0.05 "
@@ -167,7 +167,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     try:
         config = load_job(args.job, overrides, allow_sweep=allow_sweep)
         if args.check:
-            print(config.to_json())
+            print(config.to_json(), flush=True)
             return Exit.DONE
         transport, local_rank = make_transport()
         transport.timeout_s = config.run.round_timeout_s
@@ -177,6 +177,10 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         LOG.info(str(done))
         _close(transport)
         return Exit.DONE
+    except BrokenPipeError as err:        # `hpcfl check JOB | head` closed stdout: hpcfl.cli ends quietly
+        if transport is not None:
+            _abort(transport, err)
+        raise
     except HpcflError as err:
         if transport is None or transport.is_server:
             sys.stderr.write(f"hpcfl: error: {err}\n")

@@ -39,6 +39,15 @@ def test_check_prints_the_resolved_job_and_refuses_a_bad_one(tiny_job, capsys):
     assert "optimiser" in capsys.readouterr().err
 
 
+def test_output_into_a_closed_pipe_ends_quietly(tiny_job):
+    """`hpcfl check JOB | head`: the reader closes the pipe; hpcfl stops without a traceback."""
+    reader = subprocess.Popen([sys.executable, "-m", "hpcfl.cli", "check", str(tiny_job())],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader.stdout.close()                           # closed before hpcfl writes a byte
+    error = reader.communicate(timeout=120)[1]
+    assert reader.returncode == Exit.DONE and "Traceback" not in error and "BrokenPipe" not in error
+
+
 @pytest.mark.skipif(not SCRIPT.exists(), reason="hpcfl is not installed in this Python's environment")
 def test_the_console_script_under_mpirun_gives_the_module_entry_points_result_file(tiny_job, tmp_path):
     job = tiny_job(rounds=2)

@@ -32,9 +32,8 @@ from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
 # target -> (the module it needs, what to install)
-NEEDS = {"tensorboard": ("torch.utils.tensorboard", "'hpcfl[tensorboard]' (or tensorboard)"),
-         "mlflow": ("mlflow", "'hpcfl[mlflow]' (or mlflow-skinny)"),
-         "wandb": ("wandb", "'hpcfl[wandb]' (or wandb)")}
+NEEDS = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow-skinny"),
+         "wandb": ("wandb", "wandb")}
 TARGETS = tuple(NEEDS)
 # target -> how to look at what it wrote
 VIEW = {"tensorboard": "tensorboard --logdir {out}",
@@ -140,8 +139,8 @@ def export(paths, out: Path, to: str = "tensorboard") -> tuple[list[Path], list[
     try:
         __import__(module)
     except ImportError:
-        raise ResultsError(f"the {to} export needs the {module.rsplit('.', 1)[-1]} package: "
-                           f"pip install {install}") from None
+        raise ResultsError(f"the {to} export needs the {module.rsplit('.', 1)[-1]} package: pip install {install} "
+                           f"(or, in hpcfl's checkout, pip install '.[{to}]')") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written, problems = [], []

@@ -139,4 +139,4 @@ def test_an_export_whose_tracker_is_not_installed_names_the_package(finished_and
         return real_import(name, *args, **kwargs)
     monkeypatch.setattr(builtins, "__import__", without_wandb)
     assert main(["export", str(finished_and_crashed[0]), "--to", "wandb", "--out", str(tmp_path)]) == 2
-    assert "pip install 'hpcfl[wandb]'" in capsys.readouterr().err
+    assert "pip install wandb (or, in hpcfl's checkout, pip install '.[wandb]')" in capsys.readouterr().err

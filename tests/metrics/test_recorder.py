@@ -193,6 +193,7 @@ def test_compact_keeps_every_value_of_a_completed_run_in_a_smaller_file(tmp_path
     path = tmp_path / "run.h5"
     with Recorder.create(path, {"config": {"run": {"seed": 3}}, "note": "x"}) as recorder:
         recorder.write_array("partition", np.arange(12).reshape(4, 3))
+        recorder.write_array("shared_samples", np.arange(1000))                 # 8,000 bytes
         for round in range(5):
             recorder.append_round(round, {"round/test_acc": 0.1 * round, "client/train_loss": np.full(40, round + 0.5),
                                           **({"round/val_acc": 0.2} if round % 2 else {})})
@@ -209,3 +210,6 @@ def test_compact_keeps_every_value_of_a_completed_run_in_a_smaller_file(tmp_path
         np.testing.assert_array_equal(after.arrays[name], values)       # NaN where a key was absent, too
     assert np.isnan(after.arrays["round/val_acc"][0]) and after.arrays["client/train_loss"].shape == (5, 40)
     assert not compact(path)                                            # once is enough
+    with h5py.File(path, "r") as file:                                  # compressed from 4 KiB, contiguous below
+        assert file["shared_samples"].compression == "gzip" and file["client/train_loss"].compression is None
+        assert file["client/train_loss"].chunks is None

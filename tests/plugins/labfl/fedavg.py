@@ -1,4 +1,4 @@
-"""FedAvg from the contract alone (docs/write-your-own-algorithm.md walks through it), and a stateful
+"""FedAvg from the contract alone (docs/how-to/write-your-own-algorithm.md walks through it), and a stateful
 variant whose clients remember their last update between rounds."""
 from dataclasses import dataclass
 
