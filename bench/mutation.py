@@ -62,6 +62,8 @@ MODULES = {
     "algorithms/fedclassavg": ["tests/algorithms/test_fedclassavg.py"],
     "algorithms/fedcme": ["tests/algorithms/test_fedcme.py"],
     "algorithms/fedma": ["tests/algorithms/test_fedma.py"],
+    "algorithms/bbp_map": ["tests/algorithms/test_bbp_map.py", "tests/algorithms/test_fedma.py"],
+    "algorithms/neurons": ["tests/algorithms/test_neurons.py", "tests/algorithms/test_fedma.py"],
     "algorithms/fedproto": ["tests/algorithms/test_fedclassavg.py"],
     "algorithms/personal": ["tests/algorithms/test_fedclassavg.py", "tests/algorithms/test_baselines.py"],
     "algorithms/local": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_fedma.py"],
