@@ -56,6 +56,47 @@ def test_small_unrelated_neurons_grow_the_layer_until_the_cap():
     assert capped.shape[0] == 7                     # at the cap a client may still add one neuron
 
 
-def test_bad_prior_is_refused():
-    with pytest.raises(ValueError, match="sigma"):
-        Prior(sigma=0.0)
+def _gains(w: float, sigma: float, sigma0: float, mu0: float, gamma: float) -> tuple[float, float]:
+    """The module docstring's gains, written out for J = 2 clients each holding one bias neuron (w): the
+    second joining the first's global neuron, or opening the first new one."""
+    a, a0 = 1 / sigma, 1 / sigma0                  # sigma, sigma0 are variances: a = 1/sigma^2 in the docstring
+    s = mu0 * a0 + w * a                           # the first client's global neuron, prior included
+    join = (w * a + s) ** 2 / (a0 + a + a) - s ** 2 / (a0 + a) + math.log(1 / (2 - 1))
+    new = (w * a + mu0 * a0) ** 2 / (a0 + a) - mu0 ** 2 * a0 - 2 * math.log(1) + 2 * math.log(gamma / 2)
+    return join, new
+
+
+@pytest.mark.parametrize("side, matched", [(0.97, False), (1.03, True)])
+def test_with_a_bias_prior_and_unequal_variances_a_neuron_joins_where_the_cost_says(side, matched):
+    """sigma != sigma0 and a non-zero prior mean on a bias entry: every term of both gains counts."""
+    prior = Prior(sigma=0.5, sigma0=2.0, bias_mean=1.5, gamma=7.0)
+    lo, hi = 0.0, 50.0                             # the threshold where joining starts to pay, by bisection
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        join, new = _gains(mid, prior.sigma, prior.sigma0, prior.bias_mean, prior.gamma)
+        lo, hi = (lo, mid) if join > new else (mid, hi)
+    w = np.array([[side * hi]])
+    means, assignment = match_neurons([w, w], np.ones(1, dtype=bool), prior, _rng())
+    assert (assignment[0][0] == assignment[1][0]) == matched and means.shape[0] == (1 if matched else 2)
+    if matched:                                    # posterior mean: (mu0/sigma0 + 2 w/sigma) / (1/sigma0 + 2/sigma)
+        np.testing.assert_allclose(means[0, 0], (1.5 / 2.0 + 2 * w[0, 0] / 0.5) / (1 / 2.0 + 2 / 0.5), rtol=1e-12)
+
+
+def test_the_widest_client_seeds_the_global_layer():
+    narrow, wide = np.random.default_rng(6).normal(size=(2, 5)) * 3, np.random.default_rng(7).normal(size=(4, 5)) * 3
+    _, (a_narrow, a_wide) = match_neurons([narrow, wide], np.zeros(5, dtype=bool), Prior(sweeps=0), _rng())
+    np.testing.assert_array_equal(a_wide, np.arange(4))        # listed second, matched first: its order is global
+
+
+@pytest.mark.parametrize("setting", [{"sigma": 0.0}, {"sigma0": 0.0}, {"gamma": 0.0}, {"sweeps": -1},
+                                     {"max_width": 0}, {"popularity_cap": 0}])
+def test_every_prior_setting_is_checked_at_its_boundary(setting):
+    with pytest.raises(ValueError, match="must be"):
+        Prior(**setting)
+    key, bad = next(iter(setting.items()))
+    Prior(**{key: bad + (1e-9 if isinstance(bad, float) else 1)})     # the first allowed value is accepted
+
+
+def test_the_prior_defaults_are_the_authors():
+    assert Prior() == Prior(sigma=1.0, sigma0=1.0, gamma=7.0, sweeps=5, max_width=700, popularity_cap=10,
+                            bias_mean=0.1)

@@ -116,6 +116,16 @@ def test_the_last_layer_is_averaged_per_class_by_each_clients_share_of_the_class
     torch.testing.assert_close(server_state["model.classifier.bias"], expected[:, 2].float())
 
 
+def test_a_class_with_one_sample_in_the_federation_takes_its_holders_row():
+    counts = np.array([[3, 1, 1], [1, 1, 0]])                    # class 2: one sample, client 0's
+    algorithm = _fedma(Tiny(), counts)
+    a, b = torch.arange(9, dtype=torch.float64).reshape(3, 3), 10 + torch.arange(9, dtype=torch.float64).reshape(3, 3)
+    server_state = algorithm.init_server_state(Tiny())
+    algorithm.match(algorithm.plan(0)[-1], 0, server_state, {0: a.reshape(-1), 1: b.reshape(-1)})
+    torch.testing.assert_close(server_state["model.classifier.weight"][2], a[2, :2].float())
+    torch.testing.assert_close(server_state["model.classifier.bias"][2], a[2, 2].float())
+
+
 def test_one_shot_lenets_kept_apart_give_the_class_share_weighted_sum_of_the_clients_logits():
     """retrain = false with a tight sigma: distinct neurons never join (the gain of a new neuron beats
     joining by |w - u|^2 / (2 sigma)), so every layer is the clients' layers side by side, the next
@@ -297,3 +307,107 @@ def test_fedmas_baselines_start_each_client_from_its_fedma_initialisation(name, 
         assert all(torch.equal(starts["shared", cid][k], shared[k]) for k in shared)
     assert not torch.equal(starts["independent", 0]["fc1.weight"], starts["independent", 1]["fc1.weight"])
     assert not torch.equal(starts["independent", 0]["fc1.weight"], shared["fc1.weight"])
+
+
+def _trained_mlps(algorithm, net, counts, trainer):
+    """Two clients of MLP, each trained once from its own initialisation (20 samples)."""
+    gen, clients = torch.Generator().manual_seed(1), []
+    for cid in range(2):
+        y = torch.repeat_interleave(torch.arange(3), torch.as_tensor(counts[cid]))
+        c = Client(cid, torch.randn(20, 4, generator=gen), y, counts[cid])
+        c.state = algorithm.init_client_state(c, net)
+        algorithm.client_update(algorithm.plan(0)[0], 0, c, {}, algorithm.client_model(c, net), trainer)
+        clients.append(c)
+    return clients
+
+
+def test_retraining_after_a_matched_layer_keeps_it_and_those_before_as_matched_and_trains_the_rest():
+    torch.manual_seed(0)
+    net, counts = MLP(), np.array([[10, 5, 5], [4, 8, 8]])
+    algorithm = _fedma(net, counts)
+    trainer = LocalTrainer(TrainConfig(local_epochs=1, batch_size=5, lr=0.05, momentum=0.9, weight_decay=1e-4), seed=0)
+    clients = _trained_mlps(algorithm, net, counts, trainer)
+    server_state = algorithm.init_server_state(net)
+    for phase in algorithm.plan(0)[1:-1]:                          # match_fc1, match_fc2
+        i = algorithm.phase_layer[phase.name]
+        gathered = {c.id: algorithm.gather_out(phase, 0, c).double() for c in clients}
+        shared, replies = algorithm.match(phase, 0, server_state, gathered)
+        algorithm.receive(phase, 0, {MATCHED: {"global": shared}})
+        for c in clients:
+            installed = algorithm._install(algorithm._own(c), i, shared, replies[c.id].long())
+            received = {MATCHED: {"global": shared, "reply": replies[c.id]}}
+            algorithm.client_update(phase, 0, c, received, algorithm.client_model(c, net), trainer)
+            for layer in algorithm.layers[:i + 1]:                 # matched: frozen while the rest retrains
+                for p in layer.params:
+                    torch.testing.assert_close(c.state[f"model.{p.key}"], server_state[f"model.{p.key}"])
+            for layer in algorithm.layers[i + 1:]:                 # the layers after it did retrain
+                key = f"model.{layer.params[0].key}"
+                assert not torch.equal(c.state[key], installed[layer.params[0].key]), (phase.name, key)
+
+
+def test_a_client_starts_a_round_from_the_global_model_cut_to_its_own_neurons():
+    """Section 2.3: from round 1 a client's model is the global one at the positions its last assignments
+    gave its neurons, for every layer but the last (its classes); and a worker that only received the
+    matched layers, or resumed from a checkpoint, knows the same global widths as the server."""
+    torch.manual_seed(0)
+    net, counts = MLP(), np.array([[10, 5, 5], [4, 8, 8]])
+    algorithm = _fedma(net, counts, retrain=False)
+    trainer = LocalTrainer(TrainConfig(local_epochs=1, batch_size=5, lr=0.05), seed=0)
+    clients = _trained_mlps(algorithm, net, counts, trainer)
+    worker = _fedma(net, counts, retrain=False)
+    server_state, replies = _match_all(algorithm, clients, net)
+    for phase in algorithm.plan(0)[1:]:
+        worker.receive(phase, 0, {MATCHED: {"global": torch.tensor([float(algorithm.widths[worker.phase_layer[
+            phase.name]])])}})
+    assert worker.widths == algorithm.widths and algorithm.widths[:2] != [6, 5]    # grew: independent clients
+    resumed = _fedma(net, counts, retrain=False)
+    resumed.load_carried_state(algorithm.carried_state())
+    assert resumed.widths == algorithm.widths
+    glob = algorithm.global_state(server_state)
+    for c in clients:
+        a1, a2 = replies["match_fc1"][c.id].long(), replies["match_fc2"][c.id].long()
+        own = algorithm._own_size(c, glob)
+        torch.testing.assert_close(own["fc1.weight"], glob["fc1.weight"][a1])
+        torch.testing.assert_close(own["fc2.weight"], glob["fc2.weight"][a2][:, a1])
+        torch.testing.assert_close(own["classifier.weight"], glob["classifier.weight"][:, a2])
+        assert own["fc1.weight"].shape == (6, 4) and own["classifier.bias"].shape == (3,)
+    assert set(algorithm.server_metrics(server_state)) >= {"match_s/fc1", "match_s/fc2", "match_s/classifier"}
+    assert all(v >= 0 for k, v in algorithm.server_metrics(server_state).items() if k.startswith("match_s/"))
+
+
+def test_independent_lstms_kept_apart_keep_each_ones_hidden_to_hidden_weights_in_their_blocks():
+    """A tight sigma keeps distinct units apart, so the global weight_hh holds each client's block at its
+    units' positions (4 gates) and zeros where no client holds both units; an entry held by one client
+    is that client's value, not a mean with the zeros."""
+    from hpcfl.models.fedma import CharLSTM
+    counts = np.array([[2] * 12, [1] * 12])
+    torch.manual_seed(0)
+    template = CharLSTM((6,), 12, embed_dim=3, hidden=5).eval()
+    algorithm = _fedma(template, counts, sigma=1e-6, sweeps=1, retrain=False)
+    clients = [_client(c, {k[len("model."):]: v for k, v in algorithm.init_client_state(client(c), template).items()},
+                       counts) for c in range(2)]
+    own_hh = [c.state["model.lstm.weight_hh_l0"].double() for c in clients]
+    server_state, replies = _match_all(algorithm, clients, template)
+    count = algorithm.widths[1]
+    assert algorithm.widths[:2] == [6, 10]
+    expected = torch.zeros(4 * count, count, dtype=torch.float64)
+    for hh, c in zip(own_hh, clients, strict=True):
+        units = replies["match_lstm"][c.id].long()
+        for gate in range(4):
+            expected[(gate * count + units)[:, None], units[None, :]] = hh[gate * 5:(gate + 1) * 5]
+    torch.testing.assert_close(server_state["model.lstm.weight_hh_l0"].double(), expected)
+    x = torch.randint(0, 12, (3, 6))
+    assert algorithm.global_module(server_state, template)(x).shape == (3, 12)
+
+
+def test_fedmas_own_parameters_and_the_rules_every_algorithm_keeps_are_checked():
+    params = algorithm_params("fedma", {})
+    assert (params.retrain, params.retrain_epochs, params.last_lr_scale, params.last_epochs_scale, params.init) == (
+        True, 1, 0.1, 3, "independent")
+    with pytest.raises(ConfigError, match="retrain_epochs = 0 must be >= 1"):
+        algorithm_params("fedma", {"retrain_epochs": 0})
+    with pytest.raises(ConfigError, match="gamma must be > 0"):
+        algorithm_params("fedma", {"gamma": 0.0})                  # the prior's own check
+    base = {"algorithm": {"name": "fedma"}, "data": {"num_clients": 4}, "train": {"clients_per_round": 4}}
+    with pytest.raises(ConfigError, match="shares whole models"):
+        job_from_dict({**base, "model": {"architectures": ["fmnist_cnn", "fmnist_cnn_wide"]}})

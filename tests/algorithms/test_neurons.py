@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 from hpcfl.algorithms.neurons import (
     chain,
@@ -51,6 +52,14 @@ def test_placing_neurons_and_next_inputs_into_a_wider_layer_keeps_the_function(n
         wide = place_inputs(place(state, layer, positions, own + 3), layers[i + 1], positions, own, own + 3)
         wider = resize_(copy.deepcopy(net), wide)
         assert width(wide, layer) == own + 3
+        for module in wider.modules():               # a resized module describes its new shape (repr, readers)
+            shape = getattr(module, "weight", torch.empty(0)).shape
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                out, inp = ((module.out_features, module.in_features) if isinstance(module, nn.Linear)
+                            else (module.out_channels, module.in_channels))
+                assert (out, inp) == tuple(shape[:2])
+            elif isinstance(module, nn.Embedding):
+                assert (module.num_embeddings, module.embedding_dim) == tuple(shape)
         torch.testing.assert_close(wider(x), expected, rtol=1e-4, atol=1e-4)   # summation order
         back = pick_inputs(pick(wide, layer, positions), layers[i + 1], positions, own + 3)
         for key in state:
