@@ -15,8 +15,10 @@ import os
 import textwrap
 import tokenize
 import typing
+from unittest import mock
 
 from hpcfl.config import JobConfig
+from hpcfl.sweep import toml_value
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -45,16 +47,10 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def toml(value) -> str:
-    """A default as a job file writes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list):
-        return "[" + ", ".join(toml(v) for v in value) + "]"
+    """A default as a job file writes it: --set's syntax (hpcfl.sweep.toml_value), inline tables spaced."""
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + " }" if value else "{}"
-    return repr(value)
+    return toml_value(value)
 
 
 def default(f: dataclasses.Field):
@@ -129,7 +125,8 @@ def partitions() -> str:
     rows = ["| `data.partition` | `data.partition_params` (default) | what it does |", "|---|---|---|"]
     for name, scheme in SCHEMES.items():
         params = [p for p in inspect.signature(scheme).parameters.values() if p.kind is p.KEYWORD_ONLY]
-        shown = ", ".join(f"`{p.name}`" + ("" if p.default is p.empty else f" ({toml(p.default)})") for p in params)
+        shown = ", ".join(f"`{p.name}`" + ("" if p.default is p.empty else
+                                           f" ({'unset' if p.default is None else toml(p.default)})") for p in params)
         rows.append(f"| `{name}` | {shown or '—'} | {cell(' '.join(inspect.getdoc(scheme).split()))} |")
     return "\n".join(rows)
 
@@ -151,13 +148,10 @@ def models() -> str:
 def help_text(argv: list[str]) -> str:
     """What `hpcfl ARGV -h` prints, at a fixed width."""
     from hpcfl.cli import main
-    out, width = io.StringIO(), os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"
-    try:
-        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-            main([*argv, "-h"])
-    finally:
-        os.environ.pop("COLUMNS") if width is None else os.environ.__setitem__("COLUMNS", width)
+    out = io.StringIO()
+    with mock.patch.dict(os.environ, {"COLUMNS": "100"}), contextlib.redirect_stdout(out), \
+            contextlib.suppress(SystemExit):
+        main([*argv, "-h"])
     return out.getvalue().rstrip()
 
 

@@ -103,8 +103,7 @@ def tidy(results: Results) -> pd.DataFrame:
     for path, metrics in results.series.items():
         for metric, values in metrics.items():
             values = np.asarray(values)
-            entries = list(np.ndindex(values.shape[1:]))
-            index = [-1] if not entries[0] else [e[0] if len(e) == 1 else e for e in entries]
+            index = [-1] if values.ndim == 1 else [e[0] if len(e) == 1 else e for e in np.ndindex(values.shape[1:])]
             frames.append(pd.DataFrame({"path": path, "round": np.repeat(np.arange(len(values)), len(index)),
                                         "metric": metric, "index": index * len(values),
                                         "value": values.reshape(-1)}))
