@@ -3,7 +3,8 @@
 The floor trains exactly the same clients, epochs and batches (same partition, cohort schedule,
 batch order, model and optimizer, and each round's clients dealt to the trainers as the runner
 deals them), sums the weighted models with one raw MPI `Allreduce` when it runs as several
-processes, and evaluates once at the end, as the runner is told to (eval.every = rounds). Three
+processes, and evaluates once at the end, as the runner is told to (eval.every = rounds); its
+convolution weights lie in memory as the runner's do (run.memory_format). Three
 comparisons, each printed with its ratio:
 
 1. training time (the rounds only), both in this process;
@@ -16,8 +17,8 @@ GPU local_rank % GPUs, as the runner places them) and synchronise before reading
 
     python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 3] [--device cpu|cuda]
 
-Each figure is the best of --repeat runs (the machine's noise only ever adds time); the in-process
-runs alternate, floor and hpcfl, since the machine's speed drifts by several percent over minutes.
+Each figure is the best of --repeat runs (the machine's noise only ever adds time); every comparison
+alternates its runs, floor and hpcfl, since the machine's speed drifts by several percent over minutes.
 """
 import argparse
 import os
@@ -37,7 +38,7 @@ from hpcfl.data.partition import partition
 from hpcfl.jobs import load_job
 from hpcfl.models import build_model
 from hpcfl.models.evaluation import evaluate
-from hpcfl.runtime.placement import client_cost, deal_cohort
+from hpcfl.runtime.placement import client_cost, deal_cohort, memory_format
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer
 
@@ -60,6 +61,7 @@ def floor(cfg, comm=None) -> float:
     ys = {c: data.train_y[torch.from_numpy(p)].to(device) for c, p in enumerate(parts)}
     torch.manual_seed(torch_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model.name, data.input_shape, data.num_classes).to(device)
+    model.to(memory_format=memory_format(cfg.run.memory_format, device))  # as fast as the runner's layout
     batches = LocalTrainer(cfg.train, cfg.run.seed).batches          # the runner's batch order
     params = list(model.parameters())
     sync()
@@ -204,14 +206,14 @@ def main() -> None:
         launch = [sys.executable, "-m", "hpcfl.launch", args.job, *sets]
         plain = [sys.executable, __file__, "--floor", "--job", args.job, "--rounds", str(args.rounds),
                  "--device", args.device]
-        floor_whole = min(timed(plain)[0] for _ in range(args.repeat))
-        whole = min(timed(launch + ["--set", f"run.name='cli{i}'"])[0] for i in range(args.repeat))
-        report("whole process (start-up included)", whole, floor_whole)
+        wholes = [(timed(plain)[0], timed(launch + ["--set", f"run.name='cli{i}'"])[0]) for i in range(args.repeat)]
+        report("whole process (start-up included)", min(w for _, w in wholes), min(f for f, _ in wholes))
         if args.ranks:
             trainers = args.ranks - 1
-            floor_runs = [timed([MPIRUN, "-np", str(trainers), *plain]) for _ in range(args.repeat)]
-            mpi_runs = [timed([MPIRUN, "-np", str(args.ranks), *launch, "--set", f"run.name='mpi{i}'"])[0]
-                        for i in range(args.repeat)]
+            pairs = [(timed([MPIRUN, "-np", str(trainers), *plain]),
+                      timed([MPIRUN, "-np", str(args.ranks), *launch, "--set", f"run.name='mpi{i}'"])[0])
+                     for i in range(args.repeat)]
+            floor_runs, mpi_runs = [f for f, _ in pairs], [m for _, m in pairs]
             floor_rounds = min(float(out.split("rounds_s=")[1].split()[0]) for _, out in floor_runs)
             ours_rounds = min(rounds_s(Path(tmp) / cfg(f"mpi{i}").run.study / f"mpi{i}.h5") for i in range(args.repeat))
             report(f"training, {args.ranks} ranks vs {trainers} plain processes", ours_rounds, floor_rounds)

@@ -182,9 +182,12 @@ def resize_(model: nn.Module, state: State) -> nn.Module:
         module = modules[layer.name]
         device = next(module.parameters()).device
         for p in layer.params:
-            setattr(module, p.key.rsplit(".", 1)[-1], nn.Parameter(state[p.key].detach().to(device).clone()))
-        weight = layer.params[0].key.rsplit(".", 1)[-1]
-        shape = getattr(module, weight).shape
+            attribute = p.key.rsplit(".", 1)[-1]
+            old = getattr(module, attribute)             # its memory layout stays (run.memory_format)
+            layout = (torch.channels_last if old.dim() == 4 and old.is_contiguous(memory_format=torch.channels_last)
+                      else torch.contiguous_format)
+            setattr(module, attribute, nn.Parameter(state[p.key].detach().to(device).clone(memory_format=layout)))
+        shape = getattr(module, layer.params[0].key.rsplit(".", 1)[-1]).shape
         if isinstance(module, nn.Conv2d):
             module.out_channels, module.in_channels = shape[0], shape[1]
         elif isinstance(module, nn.Linear):

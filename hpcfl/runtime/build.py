@@ -27,7 +27,7 @@ from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, model_options
 from hpcfl.params import model_params
 from hpcfl.runtime.memory import peak_bytes
-from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, pick_device, worker_ranks
+from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, memory_format, pick_device, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, restore, resume_point
 from hpcfl.runtime.server import Server
@@ -203,7 +203,8 @@ def _rows(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, device) -> tuple[
 def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
     """One model instance per architecture, each initialised from the run's "init" seed; on a
     heterogeneous run their feature widths must agree, since the clients share a classifier. The
-    job's local terms (a preset's own included) then add their layers (MOON's projection head)."""
+    job's local terms (a preset's own included) then add their layers (MOON's projection head), and
+    the convolutions' weights take run.memory_format."""
     models = {}
     preset = getattr(ALGORITHMS[config.algorithm.name], "term", None)
     own = {f.name for f in fields(preset.Params)} if preset else set()       # the term's keys (not init, model_every)
@@ -214,6 +215,7 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
         torch.manual_seed(torch_seed(config.run.seed, "init"))
         models[name] = build_model(name, in_shape, num_classes, options[name]).to(device)
         adapt_model(models[name], terms, config.run.seed)
+        models[name].to(memory_format=memory_format(config.run.memory_format, device))
     widths = {name: m.classifier.in_features for name, m in models.items() if hasattr(m, "classifier")}
     if len(models) > 1 and len(set(widths.values())) != 1:
         raise ConfigError(f"model.architectures have features of different widths {widths}: heterogeneous clients "

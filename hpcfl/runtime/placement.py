@@ -61,6 +61,14 @@ def deal_cohort(cohort, cost: np.ndarray, workers: list[int]) -> dict[int, int]:
     return out
 
 
+def memory_format(setting: str, device: torch.device) -> torch.memory_format:
+    """run.memory_format for `device`. 'auto' is channels_last on the CPU only, where oneDNN's
+    convolutions and pooling run faster on it (bench/memory_format.py); on a GPU it is unmeasured."""
+    if setting == "channels_last" or (setting == "auto" and torch.device(device).type == "cpu"):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def pick_device(setting: str, local_rank: int) -> torch.device:
     """`cuda` fails fast without a GPU; `auto` falls back to the CPU with a warning."""
     n_gpus = torch.cuda.device_count()

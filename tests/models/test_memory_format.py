@@ -1,0 +1,89 @@
+"""run.memory_format: convolution weights channels_last on the CPU under 'auto', kept so through
+FedMA's resizing, travelling in the logical (NCHW) order, and training to the same numbers as
+contiguous weights up to float rounding."""
+import copy
+
+import pytest
+import torch
+
+import hpcfl
+from hpcfl.algorithms.neurons import chain, place, place_inputs, resize_, width
+from hpcfl.jobs import job_from_dict
+from hpcfl.metrics import read_run
+from hpcfl.models import build_model, model_state
+from hpcfl.payload import Layout
+from hpcfl.runtime.build import build_models
+from hpcfl.runtime.placement import memory_format
+
+CL, NCHW = torch.channels_last, torch.contiguous_format
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Laid out channels_last and not also contiguous (a weight with one input channel is both)."""
+    return t.is_contiguous(memory_format=CL) and not t.is_contiguous()
+
+
+def test_auto_is_channels_last_on_the_cpu_only():
+    assert memory_format("auto", torch.device("cpu")) == CL
+    assert memory_format("auto", "cpu") == CL
+    assert memory_format("auto", torch.device("cuda", 0)) == NCHW
+    assert memory_format("contiguous", "cpu") == NCHW
+    assert memory_format("channels_last", torch.device("cuda", 1)) == CL
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("auto", True), ("channels_last", True), ("contiguous", False)])
+def test_the_runner_lays_out_convolutions(setting, expected):
+    config = job_from_dict({"run": {"memory_format": setting}, "model": {"name": "fmnist_cnn_bn"}})
+    model = build_models(config, (1, 28, 28), 10, torch.device("cpu"))["fmnist_cnn_bn"]
+    assert _channels_last(model.conv[4].weight) is expected                  # 16 -> 32 channels
+    assert all(p.is_contiguous() for p in model.parameters() if p.dim() != 4)   # the rest as built
+    plain = build_model("fmnist_cnn_bn", (1, 28, 28), 10)
+    plain.load_state_dict(model.state_dict())
+    assert torch.equal(Layout.of(model_state(model)).pack(model_state(model)),     # payloads in NCHW order
+                       Layout.of(model_state(plain)).pack(model_state(plain)))
+
+
+def test_fedma_resizing_keeps_the_layout():
+    torch.manual_seed(0)
+    net = build_model("lenet", (1, 28, 28), 10).to(memory_format=CL)
+    state = {k: v.detach().clone() for k, v in model_state(net).items()}
+    first, second = chain(net)[:2]
+    own = width(state, first)
+    positions = torch.arange(own)
+    wide = place_inputs(place(state, first, positions, own + 2), second, positions, own, own + 2)   # 2 new neurons
+    wider = resize_(copy.deepcopy(net), wide)
+    conv2 = dict(wider.named_modules())[second.name].weight
+    assert conv2.shape[1] == own + 2 and _channels_last(conv2)
+    x = torch.randn(4, 1, 28, 28)
+    torch.testing.assert_close(wider(x), net(x), rtol=1e-4, atol=1e-5)   # the new neurons are zero: same function
+
+
+def test_training_gives_the_same_numbers_to_float_rounding(tmp_path):
+    """FedAvg with momentum and weight decay, 2 rounds on digits, both layouts. (Longer runs drift apart as
+    any two summation orders do: a max-pooling or ReLU decision flipped by a rounding is amplified.)"""
+    def run(setting):
+        job = {"run": {"study": "mf", "name": setting, "rounds": 2, "results_root": str(tmp_path),
+                       "memory_format": setting},
+               "data": {"dataset": "digits", "num_clients": 4, "partition": "dirichlet",
+                        "partition_params": {"beta": 0.5}},
+               "model": {"name": "fmnist_cnn"},
+               "train": {"clients_per_round": 4, "batch_size": 16, "lr": 0.05, "momentum": 0.9,
+                         "weight_decay": 1e-4}}
+        return read_run(hpcfl.run(job, quiet=True)).arrays
+
+    last, plain = run("channels_last"), run("contiguous")
+    for key in ("round/test_loss", "round/train_loss"):
+        torch.testing.assert_close(torch.from_numpy(last[key]), torch.from_numpy(plain[key]), rtol=1e-4, atol=1e-5)
+    assert last["round/test_acc"][-1] > 0.5                                # it learnt
+
+
+def test_one_step_agrees_to_float_rounding():
+    """The same gradient step in both layouts, BatchNorm included (in training mode)."""
+    torch.manual_seed(0)
+    plain = build_model("fmnist_cnn_bn", (1, 28, 28), 10)
+    last = copy.deepcopy(plain).to(memory_format=CL)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    for model in (plain, last):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    for p, q in zip(plain.parameters(), last.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
