@@ -1,5 +1,6 @@
 """The runner end to end through its command line, on real data (scikit-learn digits, Fashion-MNIST)."""
 import socket
+import time
 
 import h5py
 import numpy as np
@@ -28,7 +29,9 @@ def test_one_process_and_three_ranks_give_the_same_metrics(tiny_job, tmp_path):
 
 
 def test_result_file_records_the_run(tiny_job, tmp_path):
+    start = time.perf_counter()
     result = launch(tiny_job(rounds=2), "--results-root", tmp_path)
+    wall = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
     assert "round    2/2  test_acc" in result.stdout                   # one progress line per round
     run = read_run(tmp_path / "test" / "fedavg-dirichlet-seed0.h5")
@@ -37,6 +40,8 @@ def test_result_file_records_the_run(tiny_job, tmp_path):
     assert run.attrs["hostnames"] == [socket.gethostname()] and run.attrs["versions"]["torch"]
     setup_peak = run.attrs["setup_max_rss_bytes"]
     assert len(setup_peak) == 1 and setup_peak[0] > 200 * 2 ** 20       # torch and the data are in set-up's peak
+    setup_s = run.attrs["setup_s"]
+    assert len(setup_s) == 1 and 0 < setup_s[0] < wall - run.arrays["round/time_s"].sum()   # within the process
     partition = run.arrays["partition"]
     assert partition.shape == (6, 10) and partition.sum() == 1438      # every digits training sample
     assert "client/val_acc" not in run.arrays                         # no validation split configured

@@ -8,6 +8,7 @@ are the declared payloads and one small per-round report (hpcfl.runtime.report).
 import json
 import logging
 import socket
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -69,9 +70,11 @@ class Job:
 def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0) -> Job:
     """Build everything on every rank; raise SetupFailed on all ranks if any rank failed."""
     info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
+    start = time.perf_counter()
     try:
         job = _build(config, transport, data_root, local_rank, info)
         info["setup_max_rss_bytes"] = peak_bytes()             # before the rounds reset the high-water mark
+        info["setup_s"] = time.perf_counter() - start
     except RunCompleted as done:
         job, info["completed"] = None, str(done)
     except HpcflError as err:

@@ -40,6 +40,7 @@ def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
     return {"versions": versions, "git_commit": git_commit(), "world_size": len(reports),
             "hostnames": [r["host"] for r in reports], "devices": [r["device"] for r in reports],
             "setup_max_rss_bytes": [r["setup_max_rss_bytes"] for r in reports],
+            "setup_s": [round(r["setup_s"], 4) for r in reports],
             "study": config.run.study, "run": config.run_name, "status": "running",
             "plugins": plugins({"data.dataset": [config.data.dataset], "model.name": list(config.architectures),
                                 "algorithm.name": [config.algorithm.name],
