@@ -13,6 +13,7 @@ It prints a line per (round, client) and writes every step to /tmp/fedka-probe-A
 import argparse
 import collections
 import json
+import tempfile
 
 import numpy as np
 import torch
@@ -90,7 +91,7 @@ def main() -> None:
     point = next(p for p in points(read_job_file(SWEEP))
                  if f"run.seed={args.seed}" in p and f'run.arm="{args.arm}"' in p)
     overrides = [o for o in point if not o.startswith(("run.rounds=", "run.name="))] + [
-        f"run.rounds={args.rounds}", "run.results_root='/tmp'", f"run.name='fedka-probe-{args.arm}-{args.seed}'",
+        f"run.rounds={args.rounds}", f"run.results_root='{tempfile.mkdtemp()}'", "run.name='probe'",
         "train.on_nonfinite='stop'", *args.set]
     config = load_job(SWEEP, overrides, allow_sweep=True)
     rows = []
