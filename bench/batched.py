@@ -22,6 +22,7 @@ from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.jobs import load_job
 from hpcfl.models import build_model, load_state
+from hpcfl.runtime.placement import lay_out, memory_format
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer
 from hpcfl.training.batched import BatchedTrainer
@@ -40,6 +41,7 @@ def timed(device, work):
 def compare(cfg, data, parts, cohorts, device, group: int) -> None:
     torch.manual_seed(torch_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model.name, data.input_shape, data.num_classes).to(device)
+    lay_out(model, memory_format(cfg.run.memory_format, device))   # one after another as the runner trains them
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     trainer = LocalTrainer(cfg.train, cfg.run.seed)
     batched = BatchedTrainer(trainer, model, group)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcfl.models import build_model
+from hpcfl.runtime.placement import lay_out
 
 # (model, input shape, the batch size its studies use)
 MODELS = {"fmnist_cnn": ((1, 28, 28), 32), "fmnist_cnn_bn": ((1, 28, 28), 64), "fmnist_cnn_wide": ((1, 28, 28), 32),
@@ -28,7 +29,7 @@ def seconds(name: str, layout: torch.memory_format, batches: int, device: torch.
     x = torch.randn(batches * size, *shape, generator=gen).to(device)
     y = torch.randint(0, 10, (batches * size,), generator=gen).to(device)
     torch.manual_seed(0)
-    model = build_model(name, shape, 10).to(device).to(memory_format=layout)
+    model = lay_out(build_model(name, shape, 10).to(device), layout)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sync(device)
     start = time.perf_counter()
@@ -63,8 +64,9 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu, 1 thread'}, "
           f"torch {torch.__version__}, {args.batches} training batches, best of {args.repeat}")
     for name in args.models.split(","):
-        seconds(name, torch.channels_last, 2, device)                       # warm: kernels, allocator
         runs = {layout: [] for layout in (torch.contiguous_format, torch.channels_last)}
+        for layout in runs:
+            seconds(name, layout, 2, device)                              # warm: kernels, allocator
         for _ in range(args.repeat):
             for layout, times in runs.items():
                 times.append(seconds(name, layout, args.batches, device))

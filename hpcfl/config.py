@@ -34,7 +34,7 @@ class RunConfig:
                                     # set-up without a GPU. A worker takes GPU (node-local rank % GPUs)
     threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on a CPU)
     memory_format: str = "auto"     # how convolution weights lie in memory: channels_last; contiguous (NCHW);
-                                    # auto: channels_last on the CPU (the small built-in CNNs train 20-30 % faster,
+                                    # auto: channels_last on the CPU (19-32 % less training time for the small CNNs,
                                     # bench/memory_format.py), contiguous on a GPU. Same numbers to float rounding
     checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, SIGUSR1/SIGTERM)
     checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file (removed once the run
@@ -195,7 +195,8 @@ POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
 NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.momentum", "train.weight_decay",
                 "data.local_test_ratio", "run.checkpoint_every", "run.round_timeout_s", "train.batched_clients"}
-# Keys that cannot change a run's numbers: a run may resume with other values, and the analysis never
+# Keys that change how a run computes, not what: its numbers at most to float rounding (the device, the
+# threads, the convolutions' layout). A run may resume with other values, and the analysis never
 # groups or pairs runs by them.
 NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_keep", "run.round_timeout_s",
                    "run.threads", "run.device", "run.placement", "run.memory_format")

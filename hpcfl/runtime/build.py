@@ -28,7 +28,15 @@ from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, model_options
 from hpcfl.params import model_params
 from hpcfl.runtime.memory import peak_bytes
-from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, memory_format, pick_device, worker_ranks
+from hpcfl.runtime.placement import (
+    assign_clients,
+    client_cost,
+    deal_cohort,
+    lay_out,
+    memory_format,
+    pick_device,
+    worker_ranks,
+)
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, restore, resume_point
 from hpcfl.runtime.server import Server
@@ -218,7 +226,7 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:
         torch.manual_seed(torch_seed(config.run.seed, "init"))
         models[name] = build_model(name, in_shape, num_classes, options[name]).to(device)
         adapt_model(models[name], terms, config.run.seed)
-        models[name].to(memory_format=memory_format(config.run.memory_format, device))
+        lay_out(models[name], memory_format(config.run.memory_format, device))
     widths = {name: m.classifier.in_features for name, m in models.items() if hasattr(m, "classifier")}
     if len(models) > 1 and len(set(widths.values())) != 1:
         raise ConfigError(f"model.architectures have features of different widths {widths}: heterogeneous clients "
