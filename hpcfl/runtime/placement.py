@@ -71,10 +71,12 @@ def memory_format(setting: str, device: torch.device) -> torch.memory_format:
 
 def lay_out(model: torch.nn.Module, layout: torch.memory_format) -> torch.nn.Module:
     """Put `model`'s 2-d convolution weights in `layout`, in place; every other tensor stays as built
-    (Module.to(memory_format=...) would convert any 4-d tensor and refuse a 5-d one)."""
+    (Module.to(memory_format=...) would convert any 4-d tensor and refuse a 5-d one). `to` restrides a
+    weight with one input channel too, which `contiguous` leaves as it is: the first convolution's
+    strides decide the layout every later activation runs in."""
     for module in model.modules():
         if isinstance(module, torch.nn.Conv2d):
-            module.weight.data = module.weight.data.contiguous(memory_format=layout)
+            module.weight.data = module.weight.data.to(memory_format=layout)
     return model
 
 

@@ -19,8 +19,9 @@ CL, NCHW = torch.channels_last, torch.contiguous_format
 
 
 def _channels_last(t: torch.Tensor) -> bool:
-    """Laid out channels_last and not also contiguous (a weight with one input channel is both)."""
-    return t.is_contiguous(memory_format=CL) and not t.is_contiguous()
+    """Strided as channels_last: the channels adjacent (a weight with one input channel is contiguous
+    either way, and only these strides make the convolution choose channels_last)."""
+    return t.is_contiguous(memory_format=CL) and t.stride(1) == 1
 
 
 def test_auto_is_channels_last_on_the_cpu_only():
@@ -36,6 +37,7 @@ def test_the_runner_lays_out_convolutions(setting, expected):
     config = job_from_dict({"run": {"memory_format": setting}, "model": {"name": "fmnist_cnn_bn"}})
     model = build_models(config, (1, 28, 28), 10, torch.device("cpu"))["fmnist_cnn_bn"]
     assert _channels_last(model.conv[4].weight) is expected                  # 16 -> 32 channels
+    assert _channels_last(model.conv[0].weight) is expected                  # 1 -> 16: it sets the activations' layout
     assert all(p.is_contiguous() for p in model.parameters() if p.dim() != 4)   # the rest as built
     plain = build_model("fmnist_cnn_bn", (1, 28, 28), 10)
     plain.load_state_dict(model.state_dict())
@@ -50,6 +52,8 @@ def test_only_2d_convolution_weights_change_layout():
     lay_out(net, CL)
     assert _channels_last(net[0].weight)
     assert net[1].weight.is_contiguous() and net.table.is_contiguous()
+    lay_out(net, NCHW)
+    assert net[0].weight.is_contiguous() and not _channels_last(net[0].weight)
 
 
 def test_a_received_model_keeps_the_layout():
