@@ -34,7 +34,7 @@ class RunConfig:
                                     # set-up without a GPU. A worker takes GPU (node-local rank % GPUs)
     threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on a CPU)
     memory_format: str = "auto"     # how convolution weights lie in memory: channels_last; contiguous (NCHW);
-                                    # auto: channels_last on the CPU (19-32 % less training time for the small CNNs,
+                                    # auto: channels_last on the CPU (19-34 % less training time for the small CNNs,
                                     # bench/memory_format.py), contiguous on a GPU. Same numbers to float rounding
     checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, SIGUSR1/SIGTERM)
     checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file (removed once the run
