@@ -21,8 +21,8 @@ from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.jobs import load_job
-from hpcfl.models import build_model, load_state
-from hpcfl.runtime.placement import lay_out, memory_format
+from hpcfl.models import build_model, lay_out, load_state
+from hpcfl.runtime.placement import memory_format
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer
 from hpcfl.training.batched import BatchedTrainer

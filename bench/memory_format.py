@@ -13,8 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hpcfl.models import build_model
-from hpcfl.runtime.placement import lay_out
+from hpcfl.models import build_model, lay_out
 
 # (model, input shape, the batch size its studies use)
 MODELS = {"fmnist_cnn": ((1, 28, 28), 32), "fmnist_cnn_bn": ((1, 28, 28), 64), "fmnist_cnn_wide": ((1, 28, 28), 32),

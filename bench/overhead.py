@@ -35,9 +35,9 @@ from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
 from hpcfl.jobs import load_job
-from hpcfl.models import build_model
+from hpcfl.models import build_model, lay_out
 from hpcfl.models.evaluation import evaluate
-from hpcfl.runtime.placement import client_cost, deal_cohort, lay_out, memory_format
+from hpcfl.runtime.placement import client_cost, deal_cohort, memory_format
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.training import LocalTrainer
 

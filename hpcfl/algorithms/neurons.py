@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from hpcfl.errors import ConfigError
+from hpcfl.models import layout_of
 
 State = dict[str, torch.Tensor]
 
@@ -183,9 +184,7 @@ def resize_(model: nn.Module, state: State) -> nn.Module:
         device = next(module.parameters()).device
         for p in layer.params:
             attribute = p.key.rsplit(".", 1)[-1]
-            old = getattr(module, attribute)             # its memory layout stays (run.memory_format)
-            layout = (torch.channels_last if old.dim() == 4 and old.is_contiguous(memory_format=torch.channels_last)
-                      else torch.contiguous_format)
+            layout = layout_of(getattr(module, attribute))            # it stays (run.memory_format)
             setattr(module, attribute, nn.Parameter(state[p.key].detach().to(device).clone(memory_format=layout)))
         shape = getattr(module, layer.params[0].key.rsplit(".", 1)[-1]).shape
         if isinstance(module, nn.Conv2d):

@@ -54,6 +54,25 @@ def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, options:
     return MODELS[name](in_shape, num_classes, options=options or model_options(name)())
 
 
+def lay_out(model: nn.Module, layout: torch.memory_format) -> nn.Module:
+    """Put `model`'s 2-d convolution weights in `layout`, in place; every other tensor stays as built
+    (Module.to(memory_format=...) would convert any 4-d tensor and refuse a 5-d one). `to` restrides a
+    weight with one input channel too, which `contiguous` leaves as it is: the first convolution's
+    strides decide the layout every later activation runs in."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            module.weight.data = module.weight.data.to(memory_format=layout)
+    return model
+
+
+def layout_of(weight: torch.Tensor) -> torch.memory_format:
+    """channels_last when a 4-d weight is strided so (its channels adjacent), else contiguous; a weight
+    with one input channel is contiguous both ways, and only its strides tell which."""
+    if weight.dim() == 4 and weight.stride(1) == 1 and weight.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

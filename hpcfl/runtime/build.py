@@ -25,18 +25,10 @@ from hpcfl.data.partition import count_matrix, partition
 from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.metrics import Recorder
-from hpcfl.models import build_model, count_parameters, model_options
+from hpcfl.models import build_model, count_parameters, lay_out, model_options
 from hpcfl.params import model_params
 from hpcfl.runtime.memory import peak_bytes
-from hpcfl.runtime.placement import (
-    assign_clients,
-    client_cost,
-    deal_cohort,
-    lay_out,
-    memory_format,
-    pick_device,
-    worker_ranks,
-)
+from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, memory_format, pick_device, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, restore, resume_point
 from hpcfl.runtime.server import Server

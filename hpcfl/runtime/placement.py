@@ -69,17 +69,6 @@ def memory_format(setting: str, device: torch.device) -> torch.memory_format:
     return torch.contiguous_format
 
 
-def lay_out(model: torch.nn.Module, layout: torch.memory_format) -> torch.nn.Module:
-    """Put `model`'s 2-d convolution weights in `layout`, in place; every other tensor stays as built
-    (Module.to(memory_format=...) would convert any 4-d tensor and refuse a 5-d one). `to` restrides a
-    weight with one input channel too, which `contiguous` leaves as it is: the first convolution's
-    strides decide the layout every later activation runs in."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Conv2d):
-            module.weight.data = module.weight.data.to(memory_format=layout)
-    return model
-
-
 def pick_device(setting: str, local_rank: int) -> torch.device:
     """`cuda` fails fast without a GPU; `auto` falls back to the CPU with a warning."""
     n_gpus = torch.cuda.device_count()

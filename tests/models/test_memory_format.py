@@ -10,10 +10,10 @@ import hpcfl
 from hpcfl.algorithms.neurons import chain, place, place_inputs, resize_, width
 from hpcfl.jobs import job_from_dict
 from hpcfl.metrics import read_run
-from hpcfl.models import build_model, load_state, model_state
+from hpcfl.models import build_model, lay_out, load_state, model_state
 from hpcfl.payload import Layout
 from hpcfl.runtime.build import build_models
-from hpcfl.runtime.placement import lay_out, memory_format
+from hpcfl.runtime.placement import memory_format
 
 CL, NCHW = torch.channels_last, torch.contiguous_format
 
@@ -66,17 +66,19 @@ def test_a_received_model_keeps_the_layout():
     assert all(torch.equal(v, received[k]) for k, v in model_state(model).items())
 
 
-def test_fedma_resizing_keeps_the_layout():
+@pytest.mark.parametrize("layout", [CL, NCHW])
+def test_fedma_resizing_keeps_the_layout(layout):
     torch.manual_seed(0)
-    net = lay_out(build_model("lenet", (1, 28, 28), 10), CL)
+    net = lay_out(build_model("lenet", (1, 28, 28), 10), layout)
     state = {k: v.detach().clone() for k, v in model_state(net).items()}
     first, second = chain(net)[:2]
     own = width(state, first)
     positions = torch.arange(own)
     wide = place_inputs(place(state, first, positions, own + 2), second, positions, own, own + 2)   # 2 new neurons
     wider = resize_(copy.deepcopy(net), wide)
-    conv2 = dict(wider.named_modules())[second.name].weight
-    assert conv2.shape[1] == own + 2 and _channels_last(conv2)
+    conv1, conv2 = (dict(wider.named_modules())[layer.name].weight for layer in (first, second))
+    assert conv2.shape[1] == own + 2 and conv1.shape[0] == own + 2
+    assert _channels_last(conv1) is _channels_last(conv2) is (layout == CL)   # one input channel: by its strides
     x = torch.randn(4, 1, 28, 28)
     torch.testing.assert_close(wider(x), net(x), rtol=1e-4, atol=1e-5)   # the new neurons are zero: same function
 
