@@ -45,8 +45,7 @@ def compare(cfg, data, parts, cohorts, device, group: int) -> None:
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     trainer = LocalTrainer(cfg.train, cfg.run.seed)
     batched = BatchedTrainer(trainer, model, group)
-    clients = {c: Client(c, data.train_x[torch.from_numpy(p)].to(device), data.train_y[torch.from_numpy(p)].to(device),
-                         np.zeros(0)) for c, p in enumerate(parts)}
+    clients = {c: Client(c, *(t.to(device) for t in data.train_rows(p)), np.zeros(0)) for c, p in enumerate(parts)}
 
     def one_by_one(cohort, round):
         out = {}

@@ -56,8 +56,8 @@ def floor(cfg, comm=None) -> float:
                       cfg.run.seed, cfg.data.min_samples)
     cost = client_cost([len(p) for p in parts], cfg.train.batch_size)
     cohorts = cohort_schedule(cfg.run.seed, cfg.run.rounds, cfg.data.num_clients, cfg.train.clients_per_round)
-    xs = {c: data.train_x[torch.from_numpy(p)].to(device) for c, p in enumerate(parts)}
-    ys = {c: data.train_y[torch.from_numpy(p)].to(device) for c, p in enumerate(parts)}
+    rows = {c: data.train_rows(p) for c, p in enumerate(parts)}     # as the runner takes them (no float copy of all)
+    xs, ys = ({c: xy[i].to(device) for c, xy in rows.items()} for i in (0, 1))
     torch.manual_seed(torch_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model.name, data.input_shape, data.num_classes).to(device)
     lay_out(model, memory_format(cfg.run.memory_format, device))     # as fast as the runner's layout

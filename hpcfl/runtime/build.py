@@ -19,7 +19,7 @@ from hpcfl.algorithms import ALGORITHMS, algorithm_params
 from hpcfl.algorithms.anchored import wrap
 from hpcfl.algorithms.base import Client, Setup
 from hpcfl.config import JobConfig
-from hpcfl.data.base import resolve_data_root
+from hpcfl.data.base import resolve_data_root, take
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, partition
 from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
@@ -151,15 +151,16 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
         if algorithm.traits.client_test or config.eval.forgetting:
             test_x, test_y = data.test_x.to(device), data.test_y.to(device)
         if shared is not None:
-            shared_xy = _rows(data.train_x, data.train_y, shared, device)
+            shared_xy = _on(device, *data.train_rows(shared))
         for cid, rank in transport.client_rank.items():
             if moving or rank == transport.rank:
-                clients[cid] = Client(cid, *_rows(data.train_x, data.train_y, parts[cid], device), counts[cid],
+                clients[cid] = Client(cid, *_on(device, *data.train_rows(parts[cid])), counts[cid],
                                       config.architecture(cid))
                 if len(val_parts[cid]):
-                    clients[cid].eval_sets["val"] = _rows(data.train_x, data.train_y, val_parts[cid], device)
+                    clients[cid].eval_sets["val"] = _on(device, *data.train_rows(val_parts[cid]))
                 if local_tests is not None:
-                    clients[cid].eval_sets["local_test"] = _rows(data.test_x, data.test_y, local_tests[cid], device)
+                    clients[cid].eval_sets["local_test"] = _on(device, take(data.test_x, local_tests[cid]),
+                                                                  take(data.test_y, local_tests[cid]))
                 if algorithm.traits.client_test or config.eval.forgetting:
                     clients[cid].test_set = test_x, test_y
                 if shared is not None:
@@ -171,7 +172,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
                         config.train.on_nonfinite == "drop", batched, moving)
     if transport.is_server:
         server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device,
-                        validation=_rows(data.train_x, data.train_y, np.concatenate(val_parts), "cpu")
+                        validation=data.train_rows(np.concatenate(val_parts))
                         if validating else None)
         if resume_file:
             recorder = Recorder.reopen(config.result_path, rounds)
@@ -197,10 +198,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
                tuple(k for k, on in measured.items() if on), cost)
 
 
-def _rows(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The samples `index` of (x, y) on `device` (index_select: 4x faster than x[index] on the CPU)."""
-    index = torch.from_numpy(np.asarray(index, dtype=np.int64))
-    return x.index_select(0, index).to(device), y.index_select(0, index).to(device)
+def _on(device, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.to(device), y.to(device)
 
 
 def build_models(config: JobConfig, in_shape, num_classes: int, device) -> dict:

@@ -42,6 +42,20 @@ def test_fashion_mnist_shapes_labels_and_normalisation(fashion):
     assert abs(fashion.test_x.mean().item()) < 0.05 and abs(fashion.test_x.std().item() - 1) < 0.05
 
 
+def test_training_rows_are_normalised_from_the_pixels_without_a_float_copy_of_the_set():
+    d = load_dataset("fashion_mnist", DEBIAN_ROOT)
+    assert "train_x" not in vars(d) and d.train_pixels.dtype == np.uint8 and d.input_shape == (1, 28, 28)
+    index = np.array([59999, 3, 3, 17, 0])
+    x, y = d.train_rows(index)
+    assert "train_x" not in vars(d)                         # only these rows were normalised
+    assert x.dtype == torch.float32 and x.is_contiguous() and x.shape == (5, 1, 28, 28)
+    assert torch.equal(x, d.train_x[index]) and torch.equal(y, d.train_y[index])   # the whole set's floats
+    assert "train_x" in vars(d) and d.train_x is d.train_x                       # made once, on first read
+    assert torch.equal(d.train_rows(index)[0], x)            # and taken from it afterwards
+    with pytest.raises(ValueError, match="train_pixels"):
+        Dataset("bad", None, d.train_y, d.test_x, d.test_y, 10)
+
+
 def _uncompress(src_dir, dst_dir):
     dst_dir.mkdir(parents=True, exist_ok=True)
     for name in FILES:

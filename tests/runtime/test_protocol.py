@@ -86,3 +86,28 @@ def test_train_samples_partitions_a_class_stratified_subset_fixed_by_data_seed(t
     assert counts.sum() == 480                                        # 600, less 20 % validation
     with pytest.raises(SetupFailed, match="ConfigError: data.train_samples"):       # on every rank, before training
         _run(tmp_path, "too_many", f"data.train_samples={len(labels) + 1}")
+
+
+def test_set_up_takes_each_clients_rows_from_the_pixels(tmp_path, monkeypatch):
+    """The runner never makes the float32 copy of a whole image set (most of a new run's set-up): the
+    clients' and the server's rows are normalised from the pixels, to the floats of the whole set."""
+    import hpcfl.runtime.build as build
+
+    loaded = []
+    monkeypatch.setattr(build, "load_dataset", lambda *a, **k: loaded.append(load_dataset(*a, **k)) or loaded[-1])
+    config = job_from_dict({"run": {"study": "p", "name": "px", "rounds": 1, "results_root": str(tmp_path)},
+                            "data": {"dataset": "fashion_mnist", "num_clients": 4, "train_samples": 400,
+                                     "validation_fraction": 0.25},
+                            "train": {"clients_per_round": 2}})
+    job = setup(config, LocalTransport({}), None)
+    job.recorder.close()
+    data, = loaded
+    assert "train_x" not in vars(data)
+    pool = training_subset(data.train_y.numpy(), 400, config.data_seed)
+    whole_x, whole_y = load_dataset("fashion_mnist", resolve_data_root(None)).train_x[pool], data.train_y[pool]
+    clients = job.worker.clients.values()
+    sets = [(c.x, c.y) for c in clients] + [c.eval_sets["val"] for c in clients] + [job.server.sets["validation"]]
+    assert sum(len(y) for x, y in sets[:-1]) == 400 and len(sets[-1][1]) == 100
+    for x, y in sets:                           # every row is a row of the whole set, with its label
+        match = (x.flatten(1)[:, None] == whole_x.flatten(1)[None]).all(2)
+        assert (match.sum(1) >= 1).all() and torch.equal(whole_y[match.float().argmax(1)], y)
