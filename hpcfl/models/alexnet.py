@@ -28,11 +28,11 @@ class AlexNetCifar(nn.Module):
         super().__init__()
         channels, _, _ = image_shape(in_shape, "alexnet_cifar")
         self.conv = nn.Sequential(
-            nn.Conv2d(channels, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(64, 192, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(channels, 64, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(inplace=True),   # pool, then ReLU
+            nn.Conv2d(64, 192, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(inplace=True),
             nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True),
             nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True),
-            nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(256, 256, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(inplace=True),
             nn.Flatten(),
         )
         flat = flat_size(self.conv, in_shape, "alexnet_cifar", min_side=8)

@@ -9,7 +9,14 @@ a Linear with no activation and the classifier is Sequential(ReLU, Linear); its 
 unnormalised features. The model computes the same function either way and draws the same weights.
 The classifier stays one `nn.Linear` (a subclass whose forward applies the ReLU first), so its
 parameters are still `classifier.weight` / `classifier.bias` and `classifier.in_features` is the
-feature width: what FedClassAvg shares, FedCME swaps, FedMA matches and Setup reads is unchanged."""
+feature width: what FedClassAvg shares, FedCME swaps, FedMA matches and Setup reads is unchanged.
+
+Pooling before ReLU: where a paper's net applies ReLU and then a 2x2 max-pool, the built-in models
+pool first. Max and ReLU commute (the largest of four values, clipped at zero, is the largest of the
+four clipped values, and the gradient reaches the same element or none), so the outputs and the
+gradients are the same bit for bit, and the ReLU and its backward pass touch a quarter of the
+elements: a fifth off a training step of `fmnist_cnn` on the CPU (`bench/memory_format.py`'s models,
+`tests/models/test_models.py` checks the equality against the paper's order)."""
 from dataclasses import dataclass
 
 import torch

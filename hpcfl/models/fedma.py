@@ -88,12 +88,9 @@ class VGG9(nn.Module):
         self.classifier = classifier(512, num_classes, options.preactivation)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv2(F.relu(self.conv1(x))))
-        x = F.max_pool2d(x, 2)
-        x = F.relu(self.conv4(F.relu(self.conv3(x))))
-        x = self.drop5(F.max_pool2d(x, 2))
-        x = F.relu(self.conv6(F.relu(self.conv5(x))))
-        x = self.drop6(F.max_pool2d(x, 2))
+        x = F.relu(F.max_pool2d(self.conv2(F.relu(self.conv1(x))), 2))  # pool, then ReLU (hpcfl.models.common)
+        x = self.drop5(F.relu(F.max_pool2d(self.conv4(F.relu(self.conv3(x))), 2)))
+        x = self.drop6(F.relu(F.max_pool2d(self.conv6(F.relu(self.conv5(x))), 2)))
         x = self.fc8(F.relu(self.fc7(x.flatten(1))))
         return self.drop8(x if self.preactivation else F.relu(x))     # dropout and ReLU commute
 

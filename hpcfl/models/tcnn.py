@@ -38,8 +38,8 @@ class TCNN(nn.Module):
         self.classifier = classifier(feature_dim, num_classes, options.preactivation)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))           # pool, then ReLU (hpcfl.models.common)
+        x = F.relu(F.max_pool2d(self.conv2(x), 2))
         x = self.fc1(x.flatten(1))
         return x if self.preactivation else F.relu(x)
 

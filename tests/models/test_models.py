@@ -156,6 +156,37 @@ def has_norm_layer(model):
                for m in model.modules())
 
 
+def _relu_then_pool(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`model`'s output computed in the papers' order: each ReLU before its max-pool."""
+    if hasattr(model, "conv"):                          # fmnist_cnn*, alexnet_cifar: a Sequential
+        layers = list(model.conv)
+        for i, layer in enumerate(layers[:-1]):
+            if isinstance(layer, nn.MaxPool2d) and isinstance(layers[i + 1], nn.ReLU):
+                layers[i], layers[i + 1] = layers[i + 1], layer
+        return model.classifier(model.fc(nn.Sequential(*layers)(x)))
+    pool, relu = nn.functional.max_pool2d, nn.functional.relu       # tcnn, lenet
+    x = pool(relu(model.conv2(pool(relu(model.conv1(x)), 2))), 2)
+    return model.classifier(relu(model.fc1(x.flatten(1))))
+
+
+@pytest.mark.parametrize("name,shape", [("fmnist_cnn_bn", (1, 28, 28)), ("lenet", (1, 28, 28)),
+                                        ("alexnet_cifar", (3, 32, 32))])
+def test_pooling_before_relu_gives_the_papers_values_and_gradients_bit_for_bit(name, shape):
+    torch.manual_seed(0)
+    model, x = build_model(name, shape, 10), torch.randn(8, *shape)
+    model.train()                           # BatchNorm in training mode: order relative to it matters
+    grads = []
+    for forward in (model, lambda x: _relu_then_pool(model, x)):
+        model.zero_grad()
+        torch.manual_seed(1)                    # alexnet's dropout draws the same mask
+        out = forward(x)
+        out.square().sum().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    (ours, ours_grads), (paper, paper_grads) = grads
+    assert torch.equal(ours, paper) and all(map(torch.equal, ours_grads, paper_grads))
+    assert (ours_grads[0] != 0).any()
+
+
 def test_vgg9_matches_fedma_table4_exactly():
     model = build_model("vgg9", (3, 32, 32), 10)
     expected = {our_name(k): to_torch_layout(v) for k, v in VGG9_TABLE4.items()}
