@@ -74,7 +74,7 @@ def floor(cfg, comm=None) -> float:
             opt = torch.optim.SGD(params, lr=cfg.train.lr, momentum=cfg.train.momentum)
             for idx in batches(len(ys[c]), round, c, device):
                 opt.zero_grad()
-                F.cross_entropy(model(xs[c][idx]), ys[c][idx]).backward()
+                F.cross_entropy(model(xs[c].index_select(0, idx)), ys[c].index_select(0, idx)).backward()
                 opt.step()
             total[:-1] += len(ys[c]) * flatten(params)
             total[-1] += len(ys[c])
