@@ -6,7 +6,8 @@
 #   3. one worker's clients one after another vs trained together (train.batched_clients = 10);
 #   4. W = 1, 2, 4, 8 worker ranks sharing the GPU: time per round, speed-up, efficiency;
 #   5. channels_last against contiguous convolution weights on the GPU (run.memory_format = 'auto'
-#      keeps a GPU contiguous until this says otherwise).
+#      keeps a GPU contiguous until this says otherwise);
+#   6. pooling before ReLU against the papers' order, and one client's loop against a bare loop.
 # Each part runs even if the one before it failed; PYTHON names the interpreter (default python).
 #     [REPEAT=3] sh bench/gpu.sh [ROUNDS]
 
@@ -19,3 +20,5 @@ echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -
 "${PYTHON:-python}" bench/batched.py --group 10
 "${PYTHON:-python}" bench/scaling.py --workers 1,2,4,8 --rounds 4 --set "run.device='cuda'"
 "${PYTHON:-python}" bench/memory_format.py --device cuda --models fmnist_cnn,fmnist_cnn_bn,lenet,tcnn,resnet18
+"${PYTHON:-python}" bench/pool_order.py --device cuda
+"${PYTHON:-python}" bench/local_step.py --device cuda
