@@ -164,13 +164,18 @@ def _relu_then_pool(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
             if isinstance(layer, nn.MaxPool2d) and isinstance(layers[i + 1], nn.ReLU):
                 layers[i], layers[i + 1] = layers[i + 1], layer
         return model.classifier(model.fc(nn.Sequential(*layers)(x)))
-    pool, relu = nn.functional.max_pool2d, nn.functional.relu       # tcnn, lenet
-    x = pool(relu(model.conv2(pool(relu(model.conv1(x)), 2))), 2)
+    pool, relu = nn.functional.max_pool2d, nn.functional.relu
+    if hasattr(model, "conv6"):                          # vgg9: dropout after the pools
+        x = pool(relu(model.conv2(relu(model.conv1(x)))), 2)
+        x = model.drop5(pool(relu(model.conv4(relu(model.conv3(x)))), 2))
+        x = model.drop6(pool(relu(model.conv6(relu(model.conv5(x)))), 2))
+        return model.classifier(model.drop8(relu(model.fc8(relu(model.fc7(x.flatten(1)))))))
+    x = pool(relu(model.conv2(pool(relu(model.conv1(x)), 2))), 2)     # tcnn, lenet
     return model.classifier(relu(model.fc1(x.flatten(1))))
 
 
 @pytest.mark.parametrize("name,shape", [("fmnist_cnn_bn", (1, 28, 28)), ("lenet", (1, 28, 28)),
-                                        ("alexnet_cifar", (3, 32, 32))])
+                                        ("vgg9", (3, 32, 32)), ("alexnet_cifar", (3, 32, 32))])
 def test_pooling_before_relu_gives_the_papers_values_and_gradients_bit_for_bit(name, shape):
     torch.manual_seed(0)
     model, x = build_model(name, shape, 10), torch.randn(8, *shape)
@@ -178,7 +183,7 @@ def test_pooling_before_relu_gives_the_papers_values_and_gradients_bit_for_bit(n
     grads = []
     for forward in (model, lambda x: _relu_then_pool(model, x)):
         model.zero_grad()
-        torch.manual_seed(1)                    # alexnet's dropout draws the same mask
+        torch.manual_seed(1)                    # dropout (vgg9, alexnet) draws the same masks
         out = forward(x)
         out.square().sum().backward()
         grads.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
