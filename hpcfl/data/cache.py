@@ -9,10 +9,6 @@ source is decoded again and never read stale; the entries of the same set from t
 it replaces are removed. An entry is written to a private temporary file and renamed into place,
 so concurrent ranks and array tasks each write a whole file, the last rename wins, and a reader
 never sees half of one. A damaged entry (the zip checksums catch it) is decoded again.
-
-A reader maps the training pixels from the entry instead of reading them into memory: a new run
-skips faulting in a copy, and the ranks on one node share the pages. Replacing or removing an
-entry while a run maps it is safe: the run keeps the file it opened.
 """
 import contextlib
 import hashlib
@@ -20,7 +16,6 @@ import logging
 import os
 import uuid
 import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,49 +52,13 @@ def cached(name: str, sources: list[Path], decode: Callable[[bool], Arrays], tra
         return decode(train_images)
     path = entry_path(folder, name, sources)
     try:
-        return _read(path, train_images)
+        with np.load(path, allow_pickle=False) as entry:
+            return {key: entry[key] if train_images or key != "train_x" else None for key in entry.files}
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
         pass                                   # no entry yet, or a damaged one: decode again
     arrays = decode(train_images)
     if train_images:
         _store(path, arrays)
-    return arrays
-
-
-def _read(path: Path, train_images: bool) -> Arrays:
-    """An entry's arrays. The training pixels are mapped from the file where np.savez stored them (no
-    copy to fault in, and the ranks of a node share the pages); the small arrays are copied out. Each
-    member's zip checksum is verified first, as np.load would, and object arrays are refused."""
-    arrays = {}
-    with zipfile.ZipFile(path) as archive, open(path, "rb") as file:
-        for info in archive.infolist():
-            key = info.filename.removesuffix(".npy")
-            if key == "train_x" and not train_images:
-                arrays[key] = None
-                continue
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise ValueError(f"{info.filename} is compressed")
-            file.seek(info.header_offset)
-            local = file.read(30)                           # the member's local header: names and extras follow
-            if local[:4] != b"PK\x03\x04":
-                raise zipfile.BadZipFile(info.filename)
-            start = info.header_offset + 30 + sum(int.from_bytes(local[i:i + 2], "little") for i in (26, 28))
-            file.seek(start)
-            version = np.lib.format.read_magic(file)
-            if version not in ((1, 0), (2, 0)):
-                raise ValueError(f"{info.filename}: .npy version {version}")
-            fmt = np.lib.format
-            shape, fortran, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else
-                                     fmt.read_array_header_2_0)(file)
-            if dtype.hasobject:
-                raise ValueError(f"{info.filename} holds objects")
-            offset = file.tell()
-            file.seek(start)
-            header = file.read(offset - start)
-            array = np.memmap(path, dtype, "r", offset, shape, "F" if fortran else "C")   # ValueError if short
-            if info.file_size != len(header) + array.nbytes or zlib.crc32(array, zlib.crc32(header)) != info.CRC:
-                raise ValueError(f"{info.filename} is damaged")
-            arrays[key] = array if key == "train_x" else np.array(array)
     return arrays
 
 

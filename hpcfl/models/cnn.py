@@ -10,8 +10,7 @@ authors' ResNet, which has BatchNorm) makes `fmnist_cnn` diverge in the first fe
 and trains stably with BatchNorm.
 
 Each block pools before its ReLU: the same values and gradients, bit for bit, as ReLU then pool (max
-and ReLU commute), on a quarter of the elements, which takes about a fifth off a training step on
-the CPU (see `hpcfl.models.common`)."""
+and ReLU commute), on a quarter of the elements (see `hpcfl.models.common`)."""
 import torch
 from torch import nn
 

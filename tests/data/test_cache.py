@@ -85,15 +85,6 @@ def test_a_flipped_byte_in_the_pixels_is_caught_by_the_checksum(cache, tmp_path)
     assert _same(load_dataset("mnist", tmp_path / "data"), whole)     # decoded again, not read as stored
 
 
-def test_the_training_pixels_are_mapped_from_the_entry(cache, tmp_path, recwarn):
-    load_dataset("mnist", tmp_path / "data")                           # writes the entry
-    again = load_dataset("mnist", tmp_path / "data")
-    assert isinstance(again.train_pixels, np.memmap) and not again.train_pixels.flags.writeable   # shared pages
-    assert again.train_y.numpy().flags.writeable and again.test_x.numpy().flags.writeable        # copies
-    assert torch.equal(again.train_x, load_dataset("mnist", tmp_path / "data").train_x)
-    assert not [w for w in recwarn if "writable" in str(w.message)]       # torch never saw a read-only array
-
-
 def test_concurrent_writers_leave_one_whole_entry(cache, tmp_path):
     """Four processes miss together; each writes slowly (np.savez delayed) and renames into place."""
     code = ("import time, numpy as np, hpcfl.data.cache as c; save = np.savez; "

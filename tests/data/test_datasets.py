@@ -56,6 +56,25 @@ def test_training_rows_are_normalised_from_the_pixels_without_a_float_copy_of_th
         Dataset("bad", None, d.train_y, d.test_x, d.test_y, 10)
 
 
+def test_training_rows_from_a_channels_last_view_copy_only_those_rows():
+    """CINIC-10 and Tiny-ImageNet decode N x H x W x C and hand over a transposed view: taking a client's
+    rows must not copy the whole set first (np.take would: 60 MB here, for each client)."""
+    import tracemalloc
+
+    pixels = np.random.default_rng(0).integers(0, 256, (20000, 32, 32, 3), dtype=np.uint8).transpose(0, 3, 1, 2)
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    d = Dataset("view", None, torch.zeros(20000, dtype=torch.int64), torch.zeros(0, 3, 32, 32), torch.zeros(0),
+                3, mean, std, train_pixels=pixels)
+    index = np.array([19999, 5, 7])
+    tracemalloc.start()
+    x, _ = d.train_rows(index)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000, peak                           # three images, not the 61 MB set
+    assert torch.allclose(x, _expected(np.ascontiguousarray(pixels[index]), mean, std), atol=1e-5)
+    assert torch.equal(x, d.train_x[index]) and x.is_contiguous()
+
+
 def _uncompress(src_dir, dst_dir):
     dst_dir.mkdir(parents=True, exist_ok=True)
     for name in FILES:
