@@ -11,7 +11,9 @@ figure is the best of --repeat, in microseconds per step, with its ratio to the 
 - hpcfl:         `LocalTrainer.train` (what every algorithm's local update runs);
 - index_select:  the bare loop taking the batch with `index_select` instead of advanced indexing;
 - foreach/fused: the bare loop with `torch.optim.SGD(foreach=True)` / `(fused=True)`;
-- pre-permuted:  the bare loop on one permuted copy of the client's data per epoch (contiguous slices).
+- pre-permuted:  the bare loop on one permuted copy of the client's data per epoch (contiguous slices);
+- uint8:         the bare loop on the client's uint8 pixels, each batch normalised as it is taken (the
+                 same floats; a quarter of the memory, and what set-up would no longer make).
 
     python bench/local_step.py [--samples 3000] [--repeat 5] [--device cpu|cuda]
 """
@@ -45,7 +47,10 @@ def bare(variant: str):
         else:
             x, y = client.x, client.y
         for idx in batches:
-            if variant == "index_select":
+            if variant == "uint8":
+                scale, shift = PIXELS[1]
+                xb, yb = PIXELS[0].index_select(0, idx).float() * scale - shift, y[idx]
+            elif variant == "index_select":
                 xb, yb = x.index_select(0, idx), y.index_select(0, idx)
             else:
                 xb, yb = x[idx], y[idx]
@@ -60,7 +65,9 @@ def hpcfl(model, client, trainer, round):
 
 
 VARIANTS = {"bare": bare("bare"), "hpcfl": hpcfl, "index_select": bare("index_select"),
-            "foreach": bare("foreach"), "fused": bare("fused"), "pre-permuted": bare("pre-permuted")}
+            "foreach": bare("foreach"), "fused": bare("fused"), "pre-permuted": bare("pre-permuted"),
+            "uint8": bare("uint8")}
+PIXELS = []          # the client's uint8 pixels and the (scale, shift) that normalise them, for "uint8"
 
 
 def main() -> None:
@@ -74,6 +81,10 @@ def main() -> None:
     data = load_dataset("fashion_mnist", resolve_data_root(None))
     index = np.random.default_rng(0).permutation(len(data.train_y))[:args.samples]
     client = Client(0, *(t.to(device) for t in data.train_rows(index)), np.zeros(10))
+    mean, std = (torch.tensor(v, dtype=torch.float64).view(1, -1, 1, 1) for v in (data.mean, data.std))
+    PIXELS[:] = [torch.from_numpy(data.train_pixels[index]).to(device),
+                 ((1 / (255 * std)).float().to(device), (mean / std).float().to(device))]
+    assert torch.equal(PIXELS[0].float() * PIXELS[1][0] - PIXELS[1][1], client.x), "not the runner's floats"
     trainer = LocalTrainer(TrainConfig(batch_size=32, lr=0.05, momentum=0.9), seed=0)
     torch.manual_seed(0)
     model = lay_out(build_model("fmnist_cnn", data.input_shape, 10).to(device), memory_format("auto", device))
