@@ -77,6 +77,6 @@ class WithAnchors:
         if phase.name != ANCHORS:
             return self.inner.client_update(phase, round, client, {**self.carried, **downlink}, model, trainer)
         self.inner.start_from(model, client, downlink["model"])
-        sums = local_anchors(model, client.x, client.y, self.inner.setup.job.eval.batch_size,
+        sums = local_anchors(model, client.inputs(), client.y, self.inner.setup.job.eval.batch_size,
                              self.term.params.anchor_weighting, downlink[ANCHORS])
         return {ANCHORS: (sums, 1.0)}, {}

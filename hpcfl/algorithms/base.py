@@ -54,7 +54,7 @@ class Client:
     """One client as its worker sees it: its data (on the worker's device) and persistent state."""
 
     id: int
-    x: torch.Tensor
+    x: torch.Tensor            # its inputs as stored: uint8 pixels when `normalization` is set; read inputs()
     y: torch.Tensor
     class_counts: np.ndarray
     architecture: str = ""                              # its model (model.architectures), on heterogeneous runs
@@ -63,10 +63,21 @@ class Client:
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
     test_set: tuple[torch.Tensor, torch.Tensor] | None = None     # the global test set, if the algorithm asks
     shared: tuple[torch.Tensor, torch.Tensor] | None = None       # FedKA's shared set S, one sample per class
+    normalization: tuple[torch.Tensor, torch.Tensor] | None = None   # (scale, shift) when x holds uint8 pixels
 
     @property
     def num_samples(self) -> int:
         return int(self.y.shape[0])
+
+    def inputs(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """The samples `index` (all when None) as the model takes them. On the CPU the runner gives a
+        client an image set's uint8 pixels (a quarter of the memory, and set-up makes no float copy)
+        with their `normalization`, and each batch is normalised as it is taken, to the same floats."""
+        x = self.x if index is None else self.x.index_select(0, index)
+        if self.normalization is None:
+            return x
+        scale, shift = self.normalization
+        return x.float() * scale - shift
 
     def kept(self) -> dict[str, Tensors]:
         """Everything the client keeps from round to round, by owner: the algorithm's state under "",

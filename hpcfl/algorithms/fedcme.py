@@ -235,7 +235,7 @@ class FedCME(Swapping, FedAvg):
         pick = numpy_rng(self.setup.job.run.seed, "cme-eval", round, client.id).permutation(n)[:size]
         idx = torch.from_numpy(np.sort(pick)).to(client.y.device)
         model.eval()
-        x, y = client.x[idx], client.y[idx]
+        x, y = client.inputs(idx), client.y[idx]
         batch = self.setup.job.eval.batch_size
         predicted = torch.cat([model(x[s:s + batch]).argmax(1) for s in range(0, len(y), batch)])
         right = torch.bincount(y[predicted == y], minlength=c).double()

@@ -90,7 +90,7 @@ class FedFMLite(FedAvg):
         metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
         contributions = {}
         if ANCHORS in phase.uplink:
-            contributions[ANCHORS] = (local_anchors(model, client.x, client.y, self.setup.job.eval.batch_size,
+            contributions[ANCHORS] = (local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size,
                                                     self.params.anchor_weighting, downlink[ANCHORS]), 1.0)
         for key in [k for k in client.state if k.startswith(LOCAL) or k == BASE]:
             del client.state[key]

@@ -62,14 +62,24 @@ class Dataset:
         """(C, H, W) of one image, or (seq_len,) of one token sequence, to build a model before data reaches it."""
         return tuple((self.train_x if "train_x" in self.__dict__ else self.train_pixels).shape[1:])
 
-    def train_rows(self, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_rows(self, index: np.ndarray, normalised: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The training samples `index` (inputs, labels) as new CPU tensors; from pixels, only these
-        rows are normalised, to the same floats `train_x` holds."""
+        rows are normalised, to the same floats `train_x` holds. `normalised=False` gives a set that has
+        pixels as contiguous uint8 rows (`pixel_normalization` turns them into those floats)."""
         index = np.asarray(index, dtype=np.int64)
-        if "train_x" in self.__dict__:
-            return take(self.train_x, index), take(self.train_y, index)
-        x = normalise(self.train_pixels[index], self.pixel_scale, self.mean, self.std)   # copies these rows only,
-        return x, take(self.train_y, index)              # even from a channels-last view (np.take: the whole)
+        labels = take(self.train_y, index)
+        if self.train_pixels is None or (normalised and "train_x" in self.__dict__):
+            return take(self.train_x, index), labels
+        rows = self.train_pixels[index]          # copies these rows only, even from a channels-last view
+        if normalised:
+            return normalise(rows, self.pixel_scale, self.mean, self.std), labels
+        return torch.from_numpy(np.ascontiguousarray(rows)), labels
+
+    def pixel_normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, shift), float32 of shape 1 x C x 1 x 1: pixels.float() * scale - shift are the floats
+        `train_x` holds, bit for bit (the two float32 operations `normalise` makes)."""
+        scale, shift = _constants(self.pixel_scale, self.mean, self.std, 4)
+        return torch.from_numpy(scale), torch.from_numpy(shift)
 
 
 def take(x: torch.Tensor, index: np.ndarray) -> torch.Tensor:
@@ -102,11 +112,17 @@ def normalise(pixels: np.ndarray, scale: float, mean: tuple[float, ...], std: tu
     mean / std: NumPy converts and multiplies in one pass into the one float32 copy, row-major even from a
     channels-last view (the convolutions' fast path), then subtracts in place; 3x faster than converting
     first and making two more passes, and the same floats."""
-    shape = (1, len(mean)) + (1,) * (pixels.ndim - 2)
-    mean64, std64 = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
-    x = np.multiply(pixels, (1.0 / (scale * std64)).astype(np.float32).reshape(shape), dtype=np.float32, order="C")
-    np.subtract(x, (mean64 / std64).astype(np.float32).reshape(shape), out=x)
+    multiply, shift = _constants(scale, mean, std, pixels.ndim)
+    x = np.multiply(pixels, multiply, dtype=np.float32, order="C")
+    np.subtract(x, shift, out=x)
     return torch.from_numpy(x)
+
+
+def _constants(scale: float, mean: tuple[float, ...], std: tuple[float, ...], ndim: int) -> tuple[np.ndarray, ...]:
+    """float32 1 / (scale std) and mean / std per channel, shaped to broadcast over axis 1 of `ndim` axes."""
+    shape = (1, len(mean)) + (1,) * (ndim - 2)
+    mean64, std64 = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+    return (1.0 / (scale * std64)).astype(np.float32).reshape(shape), (mean64 / std64).astype(np.float32).reshape(shape)
 
 
 def image_dataset(name: str, train: tuple[np.ndarray | None, np.ndarray], test: tuple[np.ndarray, np.ndarray],

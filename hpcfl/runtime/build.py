@@ -152,10 +152,12 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
             test_x, test_y = data.test_x.to(device), data.test_y.to(device)
         if shared is not None:
             shared_xy = _on(device, *data.train_rows(shared))
+        pixels = device.type == "cpu" and data.train_pixels is not None   # uint8 rows, normalised per batch
+        normalization = data.pixel_normalization() if pixels else None
         for cid, rank in transport.client_rank.items():
             if moving or rank == transport.rank:
-                clients[cid] = Client(cid, *_on(device, *data.train_rows(parts[cid])), counts[cid],
-                                      config.architecture(cid))
+                clients[cid] = Client(cid, *_on(device, *data.train_rows(parts[cid], normalised=not pixels)),
+                                      counts[cid], config.architecture(cid), normalization=normalization)
                 if len(val_parts[cid]):
                     clients[cid].eval_sets["val"] = _on(device, *data.train_rows(val_parts[cid]))
                 if local_tests is not None:

@@ -141,7 +141,8 @@ class KnowledgeAnchor(Term):
         """This round's knowledge anchor T_i (eq. 2), down-sampled to `size`: (x, y)."""
         _, non_dominant, missing = categories or self.categories(client)
         generator = torch_generator(self.seed, "ka", round, client.id)
-        xs, ys = [client.x[:0]], [client.y[:0]]      # T is empty when no class is missing or non-dominant
+        xs, ys = [client.inputs(client.y[:0])], [client.y[:0]]   # an empty index: T is empty when no class is
+        #                                                         missing or non-dominant
         if self.params.classes != "non_dominant":
             shared_x, shared_y = client.shared
             pick = missing[shared_y.cpu()].to(shared_y.device)
@@ -151,7 +152,7 @@ class KnowledgeAnchor(Term):
             for k in torch.nonzero(non_dominant).flatten().tolist():
                 own = torch.nonzero(client.y == k).flatten()
                 j = own[torch.randint(len(own), (1,), generator=generator).item()]
-                xs.append(client.x[j:j + 1])
+                xs.append(client.inputs(j.view(1)))
                 ys.append(client.y[j:j + 1])
         x, y = torch.cat(xs), torch.cat(ys)
         if len(y) > self.params.size:

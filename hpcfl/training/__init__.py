@@ -56,7 +56,7 @@ class LocalTrainer:
         augment = (torch_generator(self.seed, "augment", round, client.id, *part, device=client.y.device)
                    if two_views or self.cfg.augment == "crop_flip" else None)
         for idx in batches:
-            x, y = client.x.index_select(0, idx), client.y.index_select(0, idx)   # x[idx]'s rows
+            x, y = client.inputs(idx), client.y.index_select(0, idx)
             if two_views:
                 x, second = simclr_views(x, augment, *self.normalization)
                 both = model.features(torch.cat([x, second]))

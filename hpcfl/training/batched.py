@@ -118,7 +118,7 @@ class BatchedTrainer:
         index, mask = self._plan(clients, round)
         lengths = mask.sum(2)                                   # step x client: real samples, 0 once out of batches
         index, mask, counts, active = index.to(device), mask.to(device), lengths.to(device), (lengths > 0).to(device)
-        x, y = torch.cat([c.x for c in clients]), torch.cat([c.y for c in clients])
+        x, y = torch.cat([c.inputs() for c in clients]), torch.cat([c.y for c in clients])
         params = {n: start[n].to(device, p.dtype).expand(size, *p.shape).clone()
                   for n, p in self.model.named_parameters()}
         state = self.optimizer.init(params)

@@ -51,6 +51,7 @@ def test_training_rows_are_normalised_from_the_pixels_without_a_float_copy_of_th
     assert x.dtype == torch.float32 and x.is_contiguous() and x.shape == (5, 1, 28, 28)
     assert torch.equal(x, d.train_x[index]) and torch.equal(y, d.train_y[index])   # the whole set's floats
     assert "train_x" in vars(d) and d.train_x is d.train_x                       # made once, on first read
+    _assert_pixels_normalise_to(d, index, x)
     assert torch.equal(d.train_rows(index)[0], x)            # and taken from it afterwards
     with pytest.raises(ValueError, match="train_pixels"):
         Dataset("bad", None, d.train_y, d.test_x, d.test_y, 10)
@@ -73,6 +74,19 @@ def test_training_rows_from_a_channels_last_view_copy_only_those_rows():
     assert peak < 1_000_000, peak                           # three images, not the 61 MB set
     assert torch.allclose(x, _expected(np.ascontiguousarray(pixels[index]), mean, std), atol=1e-5)
     assert torch.equal(x, d.train_x[index]) and x.is_contiguous()
+    _assert_pixels_normalise_to(d, index, x)
+
+
+def _assert_pixels_normalise_to(d: Dataset, index, floats):
+    """The uint8 rows a CPU client holds give, through Client.inputs, the very floats of the set."""
+    from hpcfl.algorithms.base import Client
+
+    pixels, labels = d.train_rows(index, normalised=False)
+    assert pixels.dtype == torch.uint8 and pixels.is_contiguous() and torch.equal(labels, d.train_y[index])
+    client = Client(0, pixels, labels, np.zeros(d.num_classes), normalization=d.pixel_normalization())
+    assert torch.equal(client.inputs(), floats)
+    some = torch.tensor([2, 0])
+    assert torch.equal(client.inputs(some), floats[some]) and client.inputs(some).dtype == torch.float32
 
 
 def _uncompress(src_dir, dst_dir):

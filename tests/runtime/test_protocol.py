@@ -89,8 +89,9 @@ def test_train_samples_partitions_a_class_stratified_subset_fixed_by_data_seed(t
 
 
 def test_set_up_takes_each_clients_rows_from_the_pixels(tmp_path, monkeypatch):
-    """The runner never makes the float32 copy of a whole image set (most of a new run's set-up): the
-    clients' and the server's rows are normalised from the pixels, to the floats of the whole set."""
+    """The runner never makes the float32 copy of a whole image set (most of a new run's set-up): CPU
+    clients hold their uint8 pixels and normalise what they take, validation rows are normalised from
+    the pixels, all to the floats of the whole set."""
     import hpcfl.runtime.build as build
 
     loaded = []
@@ -106,7 +107,9 @@ def test_set_up_takes_each_clients_rows_from_the_pixels(tmp_path, monkeypatch):
     pool = training_subset(data.train_y.numpy(), 400, config.data_seed)
     whole_x, whole_y = load_dataset("fashion_mnist", resolve_data_root(None)).train_x[pool], data.train_y[pool]
     clients = job.worker.clients.values()
-    sets = [(c.x, c.y) for c in clients] + [c.eval_sets["val"] for c in clients] + [job.server.sets["validation"]]
+    assert all(c.x.dtype == torch.uint8 and c.normalization is not None for c in clients)   # a quarter the memory
+    sets = [(c.inputs(), c.y) for c in clients] + [c.eval_sets["val"] for c in clients]
+    sets += [job.server.sets["validation"]]
     assert sum(len(y) for x, y in sets[:-1]) == 400 and len(sets[-1][1]) == 100
     for x, y in sets:                           # every row is a row of the whole set, with its label
         match = (x.flatten(1)[:, None] == whole_x.flatten(1)[None]).all(2)
