@@ -56,7 +56,7 @@ def floor(cfg, comm=None) -> float:
                       cfg.run.seed, cfg.data.min_samples)
     cost = client_cost([len(p) for p in parts], cfg.train.batch_size)
     cohorts = cohort_schedule(cfg.run.seed, cfg.run.rounds, cfg.data.num_clients, cfg.train.clients_per_round)
-    rows = {c: data.train_rows(p) for c, p in enumerate(parts)}     # as the runner takes them (no float copy of all)
+    rows = {c: data.train_rows(p) for c, p in enumerate(parts)}     # float32 rows, no float copy of the whole set
     xs, ys = ({c: xy[i].to(device) for c, xy in rows.items()} for i in (0, 1))
     torch.manual_seed(torch_seed(cfg.run.seed, "init"))
     model = build_model(cfg.model.name, data.input_shape, data.num_classes).to(device)

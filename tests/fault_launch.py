@@ -26,12 +26,12 @@ def _faulty_update(self, phase, round, client, *args):
     if round == ROUND and ON_RANK_2 and FAULT in ("hang", "die"):
         os.kill(os.getpid(), signal.SIGSTOP if FAULT == "hang" else signal.SIGKILL)
     if FAULT == "nan" and round == ROUND and client.id == int(os.environ["HPCFL_FAULT_CLIENT"]):
-        x = client.x
-        client.x = torch.full_like(x, float("nan"))
+        kept = client.x, client.normalization             # a CPU client may hold uint8 pixels
+        client.x, client.normalization = torch.full_like(client.inputs(), float("nan")), None
         try:
             return _update(self, phase, round, client, *args)
         finally:
-            client.x = x
+            client.x, client.normalization = kept
     return _update(self, phase, round, client, *args)
 
 

@@ -77,7 +77,7 @@ class Client:
         if self.normalization is None:
             return x
         scale, shift = self.normalization
-        return x.float() * scale - shift
+        return x.to(torch.float32, copy=True).mul_(scale).sub_(shift)    # never x itself, in place
 
     def kept(self) -> dict[str, Tensors]:
         """Everything the client keeps from round to round, by owner: the algorithm's state under "",

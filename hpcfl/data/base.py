@@ -25,13 +25,14 @@ class Dataset:
     owner (the LEAF user for Shakespeare, one numbering for both splits; None where there is none).
 
     An image set may hand over its training images as decoded uint8 `train_pixels` (N x C x H x W,
-    divided by `pixel_scale` before normalising) with `train_x` None: the runner then normalises each
-    client's rows straight into the client's tensor (`train_rows`) and no float32 copy of the whole
-    set is made (for Fashion-MNIST a second 188 MB to touch, most of a new run's set-up). Reading
-    `train_x` still works: it normalises all the pixels on first use and keeps them."""
+    divided by `pixel_scale` before normalising) with `train_x` None, and no float32 copy of the whole
+    set is made (for Fashion-MNIST 188 MB to touch, most of what a new run's set-up spent): a CPU
+    client keeps its rows as pixels and normalises each batch (`pixel_normalization`, Client.inputs),
+    a GPU client's rows are normalised into its tensor (`train_rows`). Reading `train_x` still works:
+    it normalises all the pixels on first use and keeps them."""
 
     name: str
-    train_x: torch.Tensor | None = field(repr=False)   # repr, hasattr and dataclasses.replace read it: all of it
+    train_x: torch.Tensor | None = field(repr=False)   # hasattr and dataclasses.replace make all of it
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
@@ -76,9 +77,9 @@ class Dataset:
         return torch.from_numpy(np.ascontiguousarray(rows)), labels
 
     def pixel_normalization(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scale, shift), float32 of shape 1 x C x 1 x 1: pixels.float() * scale - shift are the floats
+        """(scale, shift), float32 shaped 1 x C x 1 x 1: pixels.float() * scale - shift are the floats
         `train_x` holds, bit for bit (the two float32 operations `normalise` makes)."""
-        scale, shift = _constants(self.pixel_scale, self.mean, self.std, 4)
+        scale, shift = _constants(self.pixel_scale, self.mean, self.std, self.train_pixels.ndim)
         return torch.from_numpy(scale), torch.from_numpy(shift)
 
 

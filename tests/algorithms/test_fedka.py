@@ -198,11 +198,12 @@ def test_a_dropped_client_has_no_forgetting_degree(tiny_job, tmp_path, monkeypat
 
     def nan_inputs(self, phase, round, client, *args):              # client 1 trains on NaN in round 1 (0-based)
         if round == 1 and client.id == 1:
-            x, client.x = client.x, torch.full_like(client.x, float("nan"))
+            kept = client.x, client.normalization           # a CPU client may hold uint8 pixels
+            client.x, client.normalization = torch.full_like(client.inputs(), float("nan")), None
             try:
                 return update(self, phase, round, client, *args)
             finally:
-                client.x = x
+                client.x, client.normalization = kept
         return update(self, phase, round, client, *args)
 
     monkeypatch.setattr(Worker, "client_update", nan_inputs)
