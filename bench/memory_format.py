@@ -29,7 +29,20 @@ def seconds(name: str, layout: torch.memory_format, batches: int, device: torch.
     y = torch.randint(0, 10, (batches * size,), generator=gen).to(device)
     torch.manual_seed(0)
     model = lay_out(build_model(name, shape, 10).to(device), layout)
+    trained = train(model, x, y, size, device)
+    model.eval()
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model(x)
+        sync(device)
+    return trained, time.perf_counter() - start
+
+
+def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, size: int, device: torch.device) -> float:
+    """Seconds of one pass of SGD with momentum over (x, y) in batches of `size`; dropout is seeded,
+    so two models compared draw the same masks."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    torch.manual_seed(1)
     sync(device)
     start = time.perf_counter()
     for xb, yb in zip(x.split(size), y.split(size), strict=True):
@@ -37,13 +50,7 @@ def seconds(name: str, layout: torch.memory_format, batches: int, device: torch.
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
     sync(device)
-    trained = time.perf_counter() - start
-    model.eval()
-    with torch.inference_mode():
-        start = time.perf_counter()
-        model(x)
-        sync(device)
-    return trained, time.perf_counter() - start
+    return time.perf_counter() - start
 
 
 def sync(device: torch.device) -> None:

@@ -10,11 +10,11 @@ best of --repeat seconds and the ratio hpcfl / paper per model.
 """
 import argparse
 import copy
-import time
 import types
 
 import torch
 import torch.nn.functional as F
+from memory_format import train  # bench/ is the script's folder, so on its path (as runs.py for others)
 from torch import nn
 
 from hpcfl.models import build_model, lay_out
@@ -42,24 +42,6 @@ def paper_order(model: nn.Module) -> nn.Module:
             layers[i], layers[i + 1] = layers[i + 1], layers[i]
     model.conv = nn.Sequential(*layers)
     return model
-
-
-def train(model: nn.Module, x, y, size: int, device) -> float:
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    torch.manual_seed(1)                              # both orders draw the same dropout masks
-    sync(device)
-    start = time.perf_counter()
-    for xb, yb in zip(x.split(size), y.split(size), strict=True):
-        opt.zero_grad()
-        F.cross_entropy(model(xb), yb).backward()
-        opt.step()
-    sync(device)
-    return time.perf_counter() - start
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def main() -> None:
