@@ -16,12 +16,17 @@ With --device cuda both sides keep the data, the model and the averaging on the 
 GPU local_rank % GPUs, as the runner places them) and synchronise before reading the clock.
 
     python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 3] [--device cpu|cuda]
+    python bench/overhead.py --training --repeat 12
 
 Each figure is the best of --repeat runs (the machine's noise only ever adds time); every comparison
-alternates its runs, floor and hpcfl, since the machine's speed drifts by several percent over minutes.
+runs floor and hpcfl in pairs, one after the other, since the machine's speed drifts by several percent
+over minutes, and alternates which goes first. Each comparison also prints the median of its pairs'
+ratios and their range: a target is met in a way that holds only when the median meets it and the
+range says how far the noise reaches. --training runs the first comparison alone (e.g. --repeat 12).
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -170,7 +175,7 @@ def setup_comparison(launch: list[str], cfg, tmp: Path, repeat: int) -> None:
         timed(launch + ["--set", f"run.name='{name}'", "--set", "run.rounds=1", "--set", "eval.every=1"], **env)
         return setup_s(tmp / cfg(name).run.study / f"{name}.h5")
 
-    pairs = [(once(f"cached{i}"), once(f"decoded{i}", HPCFL_CACHE="off")) for i in range(repeat)]
+    pairs = paired(lambda i: once(f"cached{i}"), lambda i: once(f"decoded{i}", HPCFL_CACHE="off"), repeat)
     cached, decoded = min(c for c, _ in pairs), min(d for _, d in pairs)
     print(f"{'set-up before round 1, a new process':<44} cached {cached:7.3f} s   decoding {decoded:7.3f} s   "
           f"ratio {cached / decoded:.3f}   (target: cached <= 0.15 s; every run: "
@@ -190,8 +195,27 @@ def rounds_s(path: Path) -> float:
     return float(read_run(path).arrays["round/time_s"].sum())
 
 
-def report(label: str, ours: float, floor_s: float) -> None:
-    print(f"{label:<44} hpcfl {ours:7.2f} s   floor {floor_s:7.2f} s   ratio {ours / floor_s:.3f}")
+def paired(first, second, repeat: int) -> list[tuple]:
+    """`repeat` pairs (first(i), second(i)), the later pairs run in the other order: whichever runs
+    second in a pair meets a machine the first has warmed, so neither side may always have that place."""
+    pairs = []
+    for i in range(repeat):
+        if i % 2:
+            b = second(i)
+            a = first(i)
+        else:
+            a = first(i)
+            b = second(i)
+        pairs.append((a, b))
+    return pairs
+
+
+def report(label: str, ours: list[float], floor_s: list[float]) -> None:
+    """The best-of figures and their ratio, then the median and range of the paired runs' ratios."""
+    ratios = sorted(o / f for o, f in zip(ours, floor_s, strict=True))
+    median = statistics.median(ratios)
+    print(f"{label:<44} hpcfl {min(ours):7.2f} s   floor {min(floor_s):7.2f} s   ratio {min(ours) / min(floor_s):.3f}"
+          f"   paired: median {median:.3f}, range {ratios[0]:.3f}-{ratios[-1]:.3f} over {len(ratios)}")
 
 
 def main() -> None:
@@ -204,6 +228,7 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="run only the floor (used by the comparisons)")
     parser.add_argument("--profile", action="store_true", help="print where hpcfl's rounds spend their time, and stop")
     parser.add_argument("--setup", action="store_true", help="only compare set-up with and without the data cache")
+    parser.add_argument("--training", action="store_true", help="only compare training in this process")
     args = parser.parse_args()
     torch.set_num_threads(1)
     overrides = [f"run.rounds={args.rounds}", f"eval.every={args.rounds}", f"run.device='{args.device}'"]
@@ -224,29 +249,29 @@ def main() -> None:
         launch = [sys.executable, "-m", "hpcfl.launch", args.job, *sets]
         if args.setup:
             return setup_comparison(launch, cfg, Path(tmp), args.repeat)
-        pairs = [(floor(cfg("floor")), runner(cfg(f"inproc{i}"))) for i in range(args.repeat)]   # interleaved:
-        floor_s, ours = min(f for f, _ in pairs), min(r for _, r in pairs)       # the machine's speed drifts
-        report("training (rounds only, one process)", ours, floor_s)
+        pairs = paired(lambda i: floor(cfg("floor")), lambda i: runner(cfg(f"inproc{i}")), args.repeat)
+        report("training (rounds only, one process)", [r for _, r in pairs], [f for f, _ in pairs])
+        if args.training:
+            return
         plain = [sys.executable, __file__, "--floor", "--job", args.job, "--rounds", str(args.rounds),
                  "--device", args.device]
-        wholes = [(timed(plain), timed(launch + ["--set", f"run.name='cli{i}'"])[0]) for i in range(args.repeat)]
-        report("whole process (start-up included)", min(w for _, w in wholes), min(f for (f, _), _ in wholes))
+        wholes = paired(lambda i: timed(plain), lambda i: timed(launch + ["--set", f"run.name='cli{i}'"])[0],
+                        args.repeat)
+        report("whole process (start-up included)", [w for _, w in wholes], [f for (f, _), _ in wholes])
         outside = [(f - floor_rounds(out), w - rounds_s(Path(tmp) / cfg(f"cli{i}").run.study / f"cli{i}.h5"))
                    for i, ((f, out), w) in enumerate(wholes)]            # start-up, set-up and the end
-        report("  of which outside the rounds", min(o for _, o in outside), min(f for f, _ in outside))
+        report("  of which outside the rounds", [o for _, o in outside], [f for f, _ in outside])
         setup_comparison(launch, cfg, Path(tmp), args.repeat)
         if args.ranks:
             trainers = args.ranks - 1
-            pairs = [(timed([MPIRUN, "-np", str(trainers), *plain]),
-                      timed([MPIRUN, "-np", str(args.ranks), *launch, "--set", f"run.name='mpi{i}'"])[0])
-                     for i in range(args.repeat)]
+            pairs = paired(lambda i: timed([MPIRUN, "-np", str(trainers), *plain]),
+                           lambda i: timed([MPIRUN, "-np", str(args.ranks), *launch, "--set", f"run.name='mpi{i}'"])[0],
+                           args.repeat)
             floor_runs, mpi_runs = [f for f, _ in pairs], [m for _, m in pairs]
-            floor_mpi = min(floor_rounds(out) for _, out in floor_runs)
-            ours_rounds = min(rounds_s(Path(tmp) / cfg(f"mpi{i}").run.study / f"mpi{i}.h5") for i in range(args.repeat))
-            report(f"training, {args.ranks} ranks vs {trainers} plain processes", ours_rounds, floor_mpi)
-            report(f"whole, mpirun -np {args.ranks} vs -np {trainers} plain", min(mpi_runs),
-                   min(t for t, _ in floor_runs))
-
+            ours_rounds = [rounds_s(Path(tmp) / cfg(f"mpi{i}").run.study / f"mpi{i}.h5") for i in range(args.repeat)]
+            report(f"training, {args.ranks} ranks vs {trainers} plain processes", ours_rounds,
+                   [floor_rounds(out) for _, out in floor_runs])
+            report(f"whole, mpirun -np {args.ranks} vs -np {trainers} plain", mpi_runs, [t for t, _ in floor_runs])
 
 if __name__ == "__main__":
     main()
