@@ -49,29 +49,48 @@ def _execute(config, transport):
     if job.recorder:
         job.recorder.close()
     transport.close()
+    return job
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
+def _compare_with_one_process(algorithm: str, tmp_path, *overrides: str) -> list[str]:
+    """Run the job on all ranks, then (rank 0) in one process and compare; returns on rank 0 the dtypes
+    the clients of all ranks held their inputs in."""
     from mpi4py import MPI
 
-    from hpcfl.transport import LocalTransport
     from hpcfl.transport.mpi import MpiTransport
 
     comm = MPI.COMM_WORLD
     root = comm.bcast(str(tmp_path), root=0)
-    _execute(_job(algorithm, root, "ranks"), MpiTransport({}, comm))
+    job = _execute(_job(algorithm, root, "ranks", *overrides), MpiTransport({}, comm))
+    hosted = job.worker.clients.values() if job.worker else []
+    dtypes = comm.gather([str(c.x.dtype) for c in hosted], root=0)
     try:                                   # the other ranks wait at the barrier even if rank 0's checks fail
         if comm.Get_rank() == 0:
-            _execute(_job(algorithm, root, "one"), LocalTransport({}))
+            _execute(_job(algorithm, root, "one", *overrides), LocalTransport({}))
             one, ranks = run_metrics(tmp_path / "eq" / "one.h5"), run_metrics(tmp_path / "eq" / "ranks.h5")
             assert "client/local_test_acc" in one and "client/val_acc" in one
             assert_same_metrics(one, ranks)
             state = read_run(tmp_path / "eq" / "ranks.h5").arrays["rank/client_state_bytes"]
             assert (state[:, 0] == 0).all() or comm.Get_size() == 1           # the server hosts no client
+            return sorted({dtype for rank in dtypes for dtype in rank})
     finally:
         comm.Barrier()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
+    _compare_with_one_process(algorithm, tmp_path)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedcme", "fedclassavg", "fedfm_lite", "fedka"])
+def test_clients_holding_uint8_pixels_give_the_same_metrics_on_all_ranks(algorithm, tmp_path):
+    """An image set's CPU clients hold uint8 pixels and normalise each batch (Client.inputs); the
+    trainer and every algorithm that reads inputs itself (FedCME's evaluation, FedClassAvg's two views,
+    FedFM-Lite's anchors, FedKA's knowledge anchor) must give the one-process metrics on all ranks."""
+    dtypes = _compare_with_one_process(algorithm, tmp_path, "data.dataset='fashion_mnist'", "data.train_samples=360")
+    assert dtypes in (None, ["torch.uint8"])                            # None: a rank other than 0
 
 
 @pytest.mark.mpi
