@@ -45,6 +45,7 @@ MODULES = {
     "data/partition": ["tests/data/test_partition.py"],
     "data/splits": ["tests/data/test_partition.py", "tests/algorithms/test_fedka.py"],
     "data/cache": ["tests/data/test_cache.py"],
+    "data/base": ["tests/data/test_datasets.py", "tests/data/test_cache.py", "tests/runtime/test_pixel_clients.py"],
     "analysis/tables": ["tests/analysis/test_tables.py"],
     "analysis/paired": ["tests/analysis/test_tables.py"],
     "terms/weights": ["tests/test_terms.py"],

@@ -53,8 +53,35 @@ def test_training_rows_are_normalised_from_the_pixels_without_a_float_copy_of_th
     assert "train_x" in vars(d) and d.train_x is d.train_x                       # made once, on first read
     _assert_pixels_normalise_to(d, index, x)
     assert torch.equal(d.train_rows(index)[0], x)            # and taken from it afterwards
-    with pytest.raises(ValueError, match="train_pixels"):
-        Dataset("bad", None, d.train_y, d.test_x, d.test_y, 10)
+    for missing in ({"train_pixels": None}, {"mean": None}, {"std": None}):     # each one is needed
+        given = {"train_pixels": d.train_pixels, "mean": d.mean, "std": d.std, **missing}
+        with pytest.raises(ValueError, match="train_x None needs train_pixels, mean and std"):
+            Dataset("bad", None, d.train_y, d.test_x, d.test_y, 10, **given)
+
+
+def test_a_set_holding_pixels_is_an_ordinary_frozen_dataset_that_makes_no_float_copy_unasked():
+    """Only `train_x` is made on first read: other missing attributes raise as on any object, and
+    printing a set or comparing it neither makes the float copy nor dumps arrays."""
+    import dataclasses
+
+    d = load_dataset("fashion_mnist", DEBIAN_ROOT)
+    assert not hasattr(d, "train_xs") and getattr(d, "no_such", None) is None
+    text = repr(d)
+    assert "train_x" not in vars(d) and "train_pixels" not in text and "train_x=" not in text
+    other = load_dataset("fashion_mnist", DEBIAN_ROOT)
+    assert d == d and d != other and d in [other, d] and len({d, other}) == 2       # by identity, hashable
+    assert "train_x" not in vars(d)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.num_classes = 11
+
+
+def test_a_set_without_pixels_gives_its_float_rows_either_way():
+    d = load_dataset("digits", DEBIAN_ROOT)
+    assert d.train_pixels is None
+    index = np.array([4, 0, 4])
+    for normalised in (True, False):
+        x, y = d.train_rows(index, normalised=normalised)
+        assert x.dtype == torch.float32 and torch.equal(x, d.train_x[index]) and torch.equal(y, d.train_y[index])
 
 
 def test_training_rows_from_a_channels_last_view_copy_only_those_rows():
