@@ -9,13 +9,13 @@
 #      keeps a GPU contiguous until this says otherwise);
 #   6. pooling before ReLU against the papers' order, and one client's loop against a bare loop.
 # Each part runs even if the one before it failed; PYTHON names the interpreter (default python).
-#     [REPEAT=3] sh bench/gpu.sh [ROUNDS]
+#     [REPEAT=4] sh bench/gpu.sh [ROUNDS]
 
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d)"
-"${PYTHON:-python}" bench/overhead.py --device cuda --rounds "$rounds" --ranks 3 --repeat "${REPEAT:-3}"
+"${PYTHON:-python}" bench/overhead.py --device cuda --rounds "$rounds" --ranks 3 --repeat "${REPEAT:-4}"
 "${PYTHON:-python}" bench/overhead.py --device cuda --rounds 2 --profile
 "${PYTHON:-python}" bench/batched.py --group 10
 "${PYTHON:-python}" bench/scaling.py --workers 1,2,4,8 --rounds 4 --set "run.device='cuda'"

@@ -45,7 +45,8 @@ MODULES = {
     "data/partition": ["tests/data/test_partition.py"],
     "data/splits": ["tests/data/test_partition.py", "tests/algorithms/test_fedka.py"],
     "data/cache": ["tests/data/test_cache.py"],
-    "data/base": ["tests/data/test_datasets.py", "tests/data/test_cache.py", "tests/runtime/test_pixel_clients.py"],
+    "data/base": ["tests/data/test_datasets.py", "tests/data/test_cache.py",
+                  "tests/runtime/test_pixel_clients.py"],
     "analysis/tables": ["tests/analysis/test_tables.py"],
     "analysis/paired": ["tests/analysis/test_tables.py"],
     "terms/weights": ["tests/test_terms.py"],
@@ -69,6 +70,9 @@ MODULES = {
     "algorithms/personal": ["tests/algorithms/test_fedclassavg.py", "tests/algorithms/test_baselines.py"],
     "algorithms/local": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_fedma.py"],
     "plugins": ["tests/test_plugins.py", "tests/test_config.py"],
+    "training/__init__": ["tests/training/test_local_trainer.py", "tests/algorithms/test_fedavg.py",
+                          "tests/algorithms/test_scaffold.py", "tests/training/test_batched.py", "tests/test_terms.py",
+                          "tests/algorithms/test_fedclassavg.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

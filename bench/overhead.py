@@ -15,14 +15,14 @@ comparisons, each printed with its ratio:
 With --device cuda both sides keep the data, the model and the averaging on the GPU (every rank on
 GPU local_rank % GPUs, as the runner places them) and synchronise before reading the clock.
 
-    python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 3] [--device cpu|cuda]
+    python bench/overhead.py [--job jobs/quickstart.toml] [--rounds 5] [--ranks 3] [--repeat 4] [--device cpu|cuda]
     python bench/overhead.py --training --repeat 12
 
 Each figure is the best of --repeat runs (the machine's noise only ever adds time); every comparison
 runs floor and hpcfl in pairs, one after the other, since the machine's speed drifts by several percent
 over minutes, and alternates which goes first. Each comparison also prints the mean of its pairs'
 ratios with a 95 % t-interval: a ratio target is met in a way that holds when the interval lies below
-it, and the interval's width is the smallest difference the runs could resolve. --training runs the
+it, and the interval's half-width is the smallest difference the runs could resolve. --training runs the
 first comparison alone (e.g. --repeat 12).
 """
 import argparse
@@ -228,13 +228,16 @@ def main() -> None:
     parser.add_argument("--job", default="jobs/quickstart.toml")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ranks", type=int, default=0, help="also compare mpirun -np RANKS (0: skip)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=4, help="pairs per comparison; even, so each side goes first "
+                        "as often as the other")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--floor", action="store_true", help="run only the floor (used by the comparisons)")
     parser.add_argument("--profile", action="store_true", help="print where hpcfl's rounds spend their time, and stop")
     parser.add_argument("--setup", action="store_true", help="only compare set-up with and without the data cache")
     parser.add_argument("--training", action="store_true", help="only compare training in this process")
     args = parser.parse_args()
+    if args.repeat % 2 and not args.floor:
+        print(f"note: --repeat {args.repeat} is odd, so the floor goes first in one pair more than hpcfl")
     torch.set_num_threads(1)
     overrides = [f"run.rounds={args.rounds}", f"eval.every={args.rounds}", f"run.device='{args.device}'"]
     if args.floor:
@@ -246,7 +249,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         cfg = lambda name: load_job(args.job, overrides + [f"run.results_root='{tmp}'", f"run.name='{name}'"])  # noqa: E731
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)     # its first use imports torch._dynamo (2 s)
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)     # its first use imports torch._dynamo (1-2 s)
         print(f"device: {device_name(args.device)}, torch {torch.__version__}, job {args.job}, {args.rounds} rounds")
         if args.profile:
             return profile(cfg("profile"))
@@ -277,6 +280,7 @@ def main() -> None:
             report(f"training, {args.ranks} ranks vs {trainers} plain processes", ours_rounds,
                    [floor_rounds(out) for _, out in floor_runs])
             report(f"whole, mpirun -np {args.ranks} vs -np {trainers} plain", mpi_runs, [t for t, _ in floor_runs])
+
 
 if __name__ == "__main__":
     main()

@@ -61,7 +61,7 @@ def test_training_rows_are_normalised_from_the_pixels_without_a_float_copy_of_th
 
 def test_a_set_holding_pixels_is_an_ordinary_frozen_dataset_that_makes_no_float_copy_unasked():
     """Only `train_x` is made on first read: other missing attributes raise as on any object, and
-    printing a set or comparing it neither makes the float copy nor dumps arrays."""
+    printing a set or comparing it makes no float copy (nor prints the pixels)."""
     import dataclasses
 
     d = load_dataset("fashion_mnist", DEBIAN_ROOT)
@@ -69,7 +69,7 @@ def test_a_set_holding_pixels_is_an_ordinary_frozen_dataset_that_makes_no_float_
     text = repr(d)
     assert "train_x" not in vars(d) and "train_pixels" not in text and "train_x=" not in text
     other = load_dataset("fashion_mnist", DEBIAN_ROOT)
-    assert d == d and d != other and d in [other, d] and len({d, other}) == 2       # by identity, hashable
+    assert d == d and d != other and len({d, other}) == 2                          # by identity, hashable
     assert "train_x" not in vars(d)
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.num_classes = 11
