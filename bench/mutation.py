@@ -70,6 +70,8 @@ MODULES = {
     "algorithms/personal": ["tests/algorithms/test_fedclassavg.py", "tests/algorithms/test_baselines.py"],
     "algorithms/local": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_fedma.py"],
     "plugins": ["tests/test_plugins.py", "tests/test_config.py"],
+    "models/cnn": ["tests/models/test_models.py"],
+    "models/tcnn": ["tests/models/test_models.py"],
     "training/__init__": ["tests/training/test_local_trainer.py", "tests/algorithms/test_fedavg.py",
                           "tests/algorithms/test_scaffold.py", "tests/training/test_batched.py", "tests/test_terms.py",
                           "tests/algorithms/test_fedclassavg.py"],

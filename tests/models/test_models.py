@@ -231,6 +231,22 @@ def test_known_parameter_counts():
     assert count_parameters(build_model("resnet18", (3, 32, 32), 10)) == 11_173_962   # FedFM: 1.17e7
     assert count_parameters(build_model("tcnn", (3, 32, 32), 10)) == 878_538
     assert count_parameters(build_model("alexnet_cifar", (3, 32, 32), 10)) == 4_354_378
+    # fmnist_cnn by hand: conv 1->16 (5x5) 416, conv 16->32 12,832, the 128-d layer on 32 maps of side s,
+    # 10 classes 1,290. 28 px, unpadded: 28 -> 24 -> 12 -> 8 -> 4, 512 inputs, 65,664.
+    assert count_parameters(build_model("fmnist_cnn", (1, 28, 28), 10)) == 416 + 12_832 + 65_664 + 1_290
+    assert count_parameters(build_model("fmnist_cnn_bn", (1, 28, 28), 10)) == 80_554     # + 2 (16 + 32 + 128)
+    # 20 px, unpadded: 20 -> 16 -> 8 -> 4 -> 2; 8 px (digits), padded by 2: 8 -> 8 -> 4 -> 4 -> 2: 128 inputs
+    for side in (20, 8):
+        assert count_parameters(build_model("fmnist_cnn", (1, side, side), 10)) == 416 + 12_832 + 16_512 + 1_290
+
+
+@pytest.mark.parametrize("name, smallest", [("fmnist_cnn", 4), ("tcnn", 16)])
+def test_the_smallest_images_a_model_takes_and_the_message_below(name, smallest):
+    """fmnist_cnn pads small inputs: 4 px -> 4 -> 2 -> 2 -> 1; tcnn does not: 16 px -> 12 -> 6 -> 2 -> 1."""
+    model = build_model(name, (1, smallest, smallest), 10)
+    assert model(torch.randn(2, 1, smallest, smallest)).shape == (2, 10)
+    with pytest.raises(ConfigError, match=f"needs images at least {smallest}x{smallest} px"):
+        build_model(name, (1, smallest - 1, smallest - 1), 10)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
