@@ -103,7 +103,7 @@ class Setup:
     norm_names: tuple[str, ...] = ()      # state_dict entries of BatchNorm layers (weights and statistics)
     test_size: int = 0                    # samples in the global test set
     feature_dim: int = 0                  # width of features(x)
-    template: nn.Module | None = field(default=None, compare=False, repr=False)   # the model, freshly initialised
+    template: nn.Module | None = field(default=None, repr=False)   # the model, freshly initialised
 
     @classmethod
     def of(cls, job: JobConfig, model: nn.Module, class_counts: np.ndarray, test_size: int = 0) -> "Setup":
