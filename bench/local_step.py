@@ -81,9 +81,8 @@ def main() -> None:
     data = load_dataset("fashion_mnist", resolve_data_root(None))
     index = np.random.default_rng(0).permutation(len(data.train_y))[:args.samples]
     client = Client(0, *(t.to(device) for t in data.train_rows(index)), np.zeros(10))
-    mean, std = (torch.tensor(v, dtype=torch.float64).view(1, -1, 1, 1) for v in (data.mean, data.std))
-    PIXELS[:] = [torch.from_numpy(data.train_pixels[index]).to(device),
-                 ((1 / (255 * std)).float().to(device), (mean / std).float().to(device))]
+    PIXELS[:] = [data.train_rows(index, normalised=False)[0].to(device),
+                 tuple(t.to(device) for t in data.pixel_normalization())]
     assert torch.equal(PIXELS[0].float() * PIXELS[1][0] - PIXELS[1][1], client.x), "not the runner's floats"
     trainer = LocalTrainer(TrainConfig(batch_size=32, lr=0.05, momentum=0.9), seed=0)
     torch.manual_seed(0)

@@ -199,16 +199,7 @@ def rounds_s(path: Path) -> float:
 def paired(first, second, repeat: int) -> list[tuple]:
     """`repeat` pairs (first(i), second(i)), the later pairs run in the other order: whichever runs
     second in a pair meets a machine the first has warmed, so neither side may always have that place."""
-    pairs = []
-    for i in range(repeat):
-        if i % 2:
-            b = second(i)
-            a = first(i)
-        else:
-            a = first(i)
-            b = second(i)
-        pairs.append((a, b))
-    return pairs
+    return [(first(i), second(i)) if i % 2 == 0 else (second(i), first(i))[::-1] for i in range(repeat)]
 
 
 def report(label: str, ours: list[float], floor_s: list[float]) -> None:

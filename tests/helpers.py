@@ -1,4 +1,5 @@
 """Helpers for tests that run the launcher as a user would."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -63,3 +64,16 @@ batch_size = 16
 lr = 0.05
 momentum = 0.5
 """
+
+
+@contextlib.contextmanager
+def nan_inputs(client):
+    """The client trains on NaN inputs inside the block (a CPU client's uint8 pixels included)."""
+    import torch
+
+    kept = client.x, client.normalization
+    client.x, client.normalization = torch.full_like(client.inputs(), float("nan")), None
+    try:
+        yield
+    finally:
+        client.x, client.normalization = kept

@@ -141,8 +141,8 @@ class KnowledgeAnchor(Term):
         """This round's knowledge anchor T_i (eq. 2), down-sampled to `size`: (x, y)."""
         _, non_dominant, missing = categories or self.categories(client)
         generator = torch_generator(self.seed, "ka", round, client.id)
-        xs, ys = [client.inputs(client.y[:0])], [client.y[:0]]   # an empty index: T is empty when no class is
-        #                                                         missing or non-dominant
+        none = client.y[:0]                          # T is empty when no class is missing or non-dominant
+        xs, ys = [client.inputs(none)], [none]
         if self.params.classes != "non_dominant":
             shared_x, shared_y = client.shared
             pick = missing[shared_y.cpu()].to(shared_y.device)

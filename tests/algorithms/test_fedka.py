@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from algorithms.helpers import client
+from helpers import nan_inputs
 from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
@@ -196,17 +197,13 @@ def test_forgetting_needs_a_global_model():
 def test_a_dropped_client_has_no_forgetting_degree(tiny_job, tmp_path, monkeypatch):
     update = Worker.client_update
 
-    def nan_inputs(self, phase, round, client, *args):              # client 1 trains on NaN in round 1 (0-based)
+    def poisoned(self, phase, round, client, *args):              # client 1 trains on NaN in round 1 (0-based)
         if round == 1 and client.id == 1:
-            kept = client.x, client.normalization           # a CPU client may hold uint8 pixels
-            client.x, client.normalization = torch.full_like(client.inputs(), float("nan")), None
-            try:
+            with nan_inputs(client):
                 return update(self, phase, round, client, *args)
-            finally:
-                client.x, client.normalization = kept
         return update(self, phase, round, client, *args)
 
-    monkeypatch.setattr(Worker, "client_update", nan_inputs)
+    monkeypatch.setattr(Worker, "client_update", poisoned)
     assert main([str(tiny_job("fedka", rounds=2)), "--results-root", str(tmp_path), "--set", "run.name='ka'",
                  "--set", "eval.forgetting=true", "--set", "train.clients_per_round=6",
                  "--set", "train.on_nonfinite='drop'"]) == 0

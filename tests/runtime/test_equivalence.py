@@ -84,11 +84,12 @@ def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedcme", "fedclassavg", "fedfm_lite", "fedka"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedcme", "fedclassavg", "fedfm", "fedfm_lite", "fedka", "fedproto"])
 def test_clients_holding_uint8_pixels_give_the_same_metrics_on_all_ranks(algorithm, tmp_path):
     """An image set's CPU clients hold uint8 pixels and normalise each batch (Client.inputs); the
     trainer and every algorithm that reads inputs itself (FedCME's evaluation, FedClassAvg's two views,
-    FedFM-Lite's anchors, FedKA's knowledge anchor) must give the one-process metrics on all ranks."""
+    the anchors of FedFM, FedFM-Lite and FedProto, FedKA's knowledge anchor) must give the one-process
+    metrics on all ranks."""
     from mpi4py import MPI
 
     dtypes = _compare_with_one_process(algorithm, tmp_path, "data.dataset='fashion_mnist'", "data.train_samples=360")
