@@ -38,10 +38,13 @@ RESERVED_ATTRS = ("schema_version", "created", "committed_rounds", JSON_ATTRS)
 
 
 def _as_round_value(key: str, value) -> np.ndarray:
-    """Scalars become float64; arrays keep their family: float -> float64, int/bool -> int64."""
+    """Scalars become float64; arrays keep their family: float -> float64, int/bool -> int64, except
+    uint8 arrays, which stay uint8 (packed bits: a test example's correctness costs one bit a round)."""
     array = np.asarray(value)
     if array.dtype.kind not in "fiub":
         raise ResultsError(f"round value {key!r} must be a number or a numeric array, got dtype {array.dtype}")
+    if array.dtype == np.uint8 and array.ndim:
+        return array
     return array.astype(np.float64 if array.ndim == 0 or array.dtype.kind == "f" else np.int64)
 
 class Recorder:

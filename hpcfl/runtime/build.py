@@ -58,6 +58,7 @@ class Job:
     num_classes: int
     client_metrics: tuple[str, ...]       # the report's CLIENT_METRICS this run records
     cost: np.ndarray | None = None        # per-round placement: each client's batches per epoch; None: fixed
+    local_test_sizes: np.ndarray | None = None    # each client's own test examples (data.local_test_ratio)
     start_round: int = 0                  # > 0: resumed from a checkpoint taken after this many rounds
 
     def hosts(self, cohort: list[int]) -> dict[int, int]:
@@ -131,6 +132,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
     counts = count_matrix(labels, parts, data.num_classes)
     local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.data_seed)
                    if config.data.local_test_ratio > 0 else None)
+    local_test_sizes = None if local_tests is None else np.array([len(t) for t in local_tests], dtype=np.int64)
     transport.client_rank = assign_clients(counts.sum(1), workers)    # each client's home; it trains there if fixed
 
     models = build_models(config, data.input_shape, data.num_classes, device)
@@ -181,6 +183,9 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
         else:
             recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
             recorder.write_array("partition", counts)
+            recorder.write_array("example/test_size", np.int64(data.test_y.shape[0]))
+            if local_tests is not None:
+                recorder.write_array("example/local_test_sizes", local_test_sizes)
             if shared is not None:
                 recorder.write_array("shared_samples", shared)
         sizes = counts.sum(1)
@@ -193,11 +198,12 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
-                "local_test_acc": config.data.local_test_ratio > 0, "test_acc": algorithm.traits.client_test,
+                "local_test_acc": config.data.local_test_ratio > 0, "local_test_loss": config.data.local_test_ratio > 0,
+                "test_acc": algorithm.traits.client_test,
                 "nonfinite": True}
     cost = client_cost(counts.sum(1), config.train.batch_size) if moving else None
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, data.num_classes,
-               tuple(k for k, on in measured.items() if on), cost)
+               tuple(k for k, on in measured.items() if on), cost, local_test_sizes=local_test_sizes)
 
 
 def _on(device, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

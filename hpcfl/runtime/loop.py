@@ -14,7 +14,7 @@ from hpcfl.errors import TrainingFault
 from hpcfl.logs import duration
 from hpcfl.runtime.build import Job
 from hpcfl.runtime.memory import reset_peak
-from hpcfl.runtime.report import CLIENT_METRICS, forgetting, gather_report, record, split_report
+from hpcfl.runtime.report import CLIENT_METRICS, client_blocks, forgetting, gather_report, record, split_report
 from hpcfl.runtime.resume import control, write_checkpoint
 from hpcfl.transport import Traffic
 
@@ -29,7 +29,7 @@ class Round:
     hosts: dict[int, int]                 # sampled client -> the rank that trains it
     hosted: list[int]                     # the sampled clients this rank trains
     rows: np.ndarray                      # client x CLIENT_METRICS, filled by the rank that trained each client
-    class_rows: np.ndarray | None         # client x class accuracies of the trained models (eval.forgetting)
+    blocks: dict[str, np.ndarray]         # per-client blocks beside them (report.client_blocks), filled alike
     traffic: Traffic                      # its FL bytes, and the wire bytes the transport counts
     phase_s: dict = field(default_factory=dict)
 
@@ -54,9 +54,7 @@ def run(job: Job) -> bool:
         hosts = job.hosts(cohort)
         this = Round(number, cohort, hosts,
                      sorted(c for c in cohort if hosts[c] == transport.rank) if job.worker else [],
-                     np.zeros((cfg.data.num_clients, len(CLIENT_METRICS))),
-                     np.zeros((cfg.data.num_clients, job.num_classes)) if cfg.eval.forgetting else None,
-                     transport.stats)
+                     np.zeros((cfg.data.num_clients, len(CLIENT_METRICS))), client_blocks(job), transport.stats)
         if cfg.eval.forgetting and job.server:        # the model this round starts from, tested once
             tested = evaluation.get("class/test_acc")          # the last round's evaluation, if it had one
             start_acc = tested if tested is not None else job.server.evaluate()["class_acc"]
@@ -71,8 +69,7 @@ def run(job: Job) -> bool:
         if job.server:
             evaluation.update({f"round/{k}": v for k, v in job.algorithm.server_metrics(job.server.state).items()})
         # 4. the report
-        rows = this.rows if this.class_rows is None else np.concatenate([this.rows, this.class_rows], axis=1)
-        report = gather_report(job, rows, this.hosted, transport.take_stats())
+        report = gather_report(job, this.rows, this.blocks, this.hosted, transport.take_stats())
         if job.server:
             if start_acc is not None:
                 evaluation.update(forgetting(job, cohort, report, start_acc))
@@ -113,7 +110,7 @@ def _train(job: Job, phase: Phase, this: Round, downlink: dict | None = None, re
         downlink[name] = layout.unpack(torch.from_numpy(transport.broadcast(name, packed.get(name))).to(device))
         this.traffic.count("down", name, layout.numel * len(this.cohort))
     sums = (job.worker.run_phase(phase, this.number, this.hosted, downlink, this.rows, CLIENT_METRICS,
-                                 this.class_rows, replies)
+                                 this.blocks, replies)
             if job.worker else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
     reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
     for name, layout in phase.uplink.items():
@@ -171,7 +168,8 @@ def _evaluate(job: Job, round: int) -> dict:
     result = job.server.evaluate()
     if result is None:                    # no global model (local-only): accuracy is personalised
         return {}
-    out = {"round/test_acc": result["acc"], "round/test_loss": result["loss"], "class/test_acc": result["class_acc"]}
+    out = {"round/test_acc": result["acc"], "round/test_loss": result["loss"], "class/test_acc": result["class_acc"],
+           "example/test_correct": np.packbits(result["correct"])}
     validation = job.server.evaluate(on="validation") if job.algorithm.traits.global_model else None   # else: _record's
     if validation is not None:
         out.update({"round/val_acc": validation["acc"], "round/val_loss": validation["loss"]})

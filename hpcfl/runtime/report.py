@@ -14,7 +14,8 @@ from hpcfl.transport import Traffic
 
 LOG = logging.getLogger(__name__)
 
-CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "test_acc", "nonfinite", "num_samples")
+CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "local_test_loss", "test_acc", "nonfinite",
+                  "num_samples")
 RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes", "client_state_bytes",
                 "max_rss_bytes")
 
@@ -22,21 +23,39 @@ RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes",
 FORGETTING_XI = 1e-3            # xi of FedKA eq. (1), which keeps a class the global model never gets finite
 
 
-def split_report(job, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The reduced report as (client x CLIENT_METRICS, client x class accuracies (eval.forgetting;
-    zero columns otherwise), rank x RANK_METRICS)."""
+def client_blocks(job) -> dict[str, np.ndarray]:
+    """This round's per-client blocks beside the metric rows, zero-filled, each filled by the rank that
+    trains the client: `class_acc` (client x class accuracies of the trained model, eval.forgetting) and
+    `local_test_correct` (client x its own test examples' correctness, padded to the largest set; with
+    data.local_test_ratio), so that personalised accuracy can be analysed example by example."""
+    n, blocks = job.config.data.num_clients, {}
+    if job.config.eval.forgetting:
+        blocks["class_acc"] = np.zeros((n, job.num_classes))
+    if job.local_test_sizes is not None:
+        blocks["local_test_correct"] = np.zeros((n, int(job.local_test_sizes.max(initial=0))))
+    return blocks
+
+
+def split_report(job, flat: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+    """The reduced report as (client x CLIENT_METRICS, the client blocks by name (`client_blocks`),
+    rank x RANK_METRICS)."""
     n = job.config.data.num_clients
-    width = len(CLIENT_METRICS) + (job.num_classes if job.config.eval.forgetting else 0)
+    widths = {name: block.shape[1] for name, block in client_blocks(job).items()}
+    width = len(CLIENT_METRICS) + sum(widths.values())
     clients = flat[:n * width].reshape(n, width)
     ranks = flat[n * width:].reshape(job.transport.size, len(RANK_METRICS))
-    return clients[:, :len(CLIENT_METRICS)], clients[:, len(CLIENT_METRICS):], ranks
+    blocks, at = {}, len(CLIENT_METRICS)
+    for name, w in widths.items():
+        blocks[name], at = clients[:, at:at + w], at + w
+    return clients[:, :len(CLIENT_METRICS)], blocks, ranks
 
 
 def forgetting(job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) -> dict:
     """FedKA eq. (1) per sampled client and class: (acc_global - acc_local) / (acc_global + xi), with
     acc_global the class accuracy of the model the round started from. A client whose update was
     non-finite (CLIENT_METRICS 'nonfinite') had no model tested: NaN, not the ~1 its zero row would give."""
-    rows, classes, _ = split_report(job, flat)
+    rows, blocks, _ = split_report(job, flat)
+    classes = blocks["class_acc"]
     tested = [c for c in cohort if not rows[c, CLIENT_METRICS.index("nonfinite")] > 0]     # 1 or NaN (not set)
     local = np.full((job.config.data.num_clients, job.num_classes), np.nan)
     local[tested] = classes[tested]
@@ -44,8 +63,10 @@ def forgetting(job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) 
             "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
 
 
-def gather_report(job, rows: np.ndarray, hosted: list[int], stats: Traffic) -> np.ndarray | None:
-    """Sum clients' metric rows and each rank's RANK_METRICS (`stats`: its round's traffic) onto the server."""
+def gather_report(job, rows: np.ndarray, blocks: dict[str, np.ndarray], hosted: list[int],
+                  stats: Traffic) -> np.ndarray | None:
+    """Sum clients' metric rows, their blocks (`client_blocks`) and each rank's RANK_METRICS (`stats`: its
+    round's traffic) onto the server."""
     transport = job.transport
     for cid in hosted:                  # the rank that trained a client this round gives its size
         rows[cid, CLIENT_METRICS.index("num_samples")] = job.worker.clients[cid].num_samples
@@ -58,13 +79,23 @@ def gather_report(job, rows: np.ndarray, hosted: list[int], stats: Traffic) -> n
     for part in (job.worker, job.server):
         if part:
             part.compute_s = 0.0
-    flat = transport.reduce_sum("report", np.concatenate([rows.ravel(), ranks.ravel()]))
+    clients = np.concatenate([rows, *blocks.values()], axis=1)
+    flat = transport.reduce_sum("report", np.concatenate([clients.ravel(), ranks.ravel()]))
     return flat
+
+
+def local_test_bits(job, correct: np.ndarray, cohort: list[int]) -> np.ndarray:
+    """The cohort's trained models' correctness on their clients' own test examples, every client's
+    examples in client order (an unsampled client's as zeros: its client/local_test_acc is NaN), packed."""
+    sampled = np.zeros(len(correct), dtype=bool)
+    sampled[cohort] = True
+    bits = [row[:size] * sampled[c] for c, (row, size) in enumerate(zip(correct, job.local_test_sizes, strict=True))]
+    return np.packbits(np.concatenate(bits) > 0.5)
 
 
 def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progress: str = "") -> None:
     cfg, n, cohort = job.config, job.config.data.num_clients, list(hosts)
-    rows, _, ranks = split_report(job, flat)
+    rows, blocks, ranks = split_report(job, flat)
     sampled = np.zeros(n, dtype=bool)
     sampled[cohort] = True
     values = {"client/rank": np.full(n, np.nan)}
@@ -75,6 +106,8 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
     if "client/local_test_acc" in values:                  # personalised accuracy across the cohort
         personal = values["client/local_test_acc"][cohort]
         values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
+    if "local_test_correct" in blocks:
+        values["example/local_test_correct"] = local_test_bits(job, blocks["local_test_correct"], cohort)
     if "client/val_acc" in values and not job.algorithm.traits.global_model and cfg.evaluates(round):
         values["round/val_acc"] = float(np.nanmean(values["client/val_acc"][cohort]))   # the clients' own models
     samples, loss = rows[:, CLIENT_METRICS.index("num_samples")], rows[:, CLIENT_METRICS.index("train_loss")]

@@ -34,11 +34,12 @@ class Worker:
         self.compute_s = 0.0
 
     def run_phase(self, phase: Phase, round: int, hosted: list[int], downlink: dict, rows: np.ndarray,
-                  metric_names: tuple[str, ...], class_rows: np.ndarray | None = None,
+                  metric_names: tuple[str, ...], blocks: dict[str, np.ndarray] | None = None,
                   replies: dict[int, torch.Tensor] | None = None) -> dict[str, np.ndarray]:
         """Train the sampled clients this rank hosts this round (`hosted`, increasing ids); returns the
-        summed uplink buffers; fills `rows` (client x metric) and, if given, `class_rows` (client x
-        class: the trained model's test accuracy per class). In a matching phase each client also gets
+        summed uplink buffers; fills `rows` (client x metric) and the `blocks` given (hpcfl.runtime.report.
+        client_blocks: the trained model's test accuracy per class, its correctness on the client's own
+        test examples). In a matching phase each client also gets
         its own reply, as downlink[MATCHED]["reply"]."""
         start = time.perf_counter()
         sums = {name: _zeros(layout.numel, self.device) for name, layout in phase.uplink.items()}
@@ -74,10 +75,15 @@ class Worker:
                 phase.uplink[name].add_into(sums[name], tensors, weight)
             if not metrics:                                     # a phase without training (FedFM's anchors)
                 continue
+            blocks = blocks or {}
             for split, (x, y) in client.eval_sets.items():     # the trained local model, on the client's own data
-                metrics[f"{split}_acc"] = evaluate(model, x, y, self.num_classes, self.eval_batch)["acc"]
-            if class_rows is not None:
-                class_rows[cid] = evaluate(model, *client.test_set, self.num_classes, self.eval_batch)["class_acc"]
+                result = evaluate(model, x, y, self.num_classes, self.eval_batch)
+                metrics[f"{split}_acc"], metrics[f"{split}_loss"] = result["acc"], result["loss"]
+                if f"{split}_correct" in blocks:
+                    blocks[f"{split}_correct"][cid, :len(y)] = result["correct"]
+            if "class_acc" in blocks:
+                tested = evaluate(model, *client.test_set, self.num_classes, self.eval_batch)
+                blocks["class_acc"][cid] = tested["class_acc"]
             for j, key in enumerate(metric_names):
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start
