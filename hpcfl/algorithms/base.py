@@ -17,8 +17,8 @@ The runtime calls these hooks directly. FedFM's anchor phase is not part of the 
 feature-matching term in the job, the runtime wraps the algorithm (hpcfl.algorithms.anchored).
 
 What the runtime may assume of an algorithm is declared in one record, `traits` (Traits). An
-algorithm whose `client_update` is plain training from the downlinked model declares `batched`, and
-its workers may then train the sampled clients together (train.batched_clients, hpcfl.training.batched).
+algorithm whose `client_update` only reads state before its `train` call declares `batched`, and its
+workers may then train the sampled clients together (train.batched_clients, hpcfl.training.batched).
 
 Uplinks are *contributions* `(tensors, weight)`: the runtime adds `weight * tensors` into one
 float64 buffer per payload, in a fixed client order, and the reduction sums workers' buffers. So
@@ -129,8 +129,8 @@ class Traits:
     anchor_phase: bool = True     # a feature-matching term wraps it in FedFM's anchor phase (anchored.py)
     global_model: bool = True     # False: no single global model (local-only, ensemble)
     heterogeneous: bool = False   # clients may have different architectures (model.architectures)
-    batched: bool = False         # client_update is start_from(downlink["model"]) + self.train (no terms of its
-                                  # own) + contributions, so a worker may train its clients together
+    batched: bool = False         # client_update only reads state before it calls self.train (it runs twice: a
+                                  # first run records what it trains), so a worker may train its clients together
     stateless: bool = False       # its clients keep nothing between rounds (no client.state, swaps or
                                   # matching), so any worker may train any client
 
@@ -229,11 +229,6 @@ class Algorithm:
         return {}
 
     # -- client side (the worker hosting the client) ---------------------------------------------
-    def batch_start(self, phase: Phase, downlink: dict[str, Tensors]) -> Tensors | None:
-        """The model state every sampled client starts this phase from, if they may train together
-        (hpcfl.training.batched, then handed to `client_update` through its trainer); None: one by one."""
-        return downlink["model"] if self.traits.batched else None
-
     def client_model(self, client: Client, model: nn.Module) -> nn.Module:
         """The module the client trains this phase: the worker's shared instance of its architecture
         (FedMA: a copy it may resize)."""

@@ -82,9 +82,6 @@ class FedAvg(Algorithm):
     def downlink(self, phase, round, server_state):
         return {"model": self.global_state(server_state)}
 
-    def batch_start(self, phase, downlink):
-        return super().batch_start(phase, downlink) if "model" in downlink else None   # own inits: one by one
-
     def client_update(self, phase, round, client, downlink, model, trainer):
         if round == 0 and self.pristine is not None:        # its own init, also its terms' reference model
             own = independent_init(self.pristine, self.setup.job.run.seed, client.id)
@@ -114,33 +111,34 @@ class FedAvg(Algorithm):
 class FedProx(FedAvg):
     """FedProx (Li et al., MLSys 2020, eq. 2): FedAvg whose clients add the proximal term `prox`."""
     name, term, Params = "fedprox", Prox, with_init(Prox.Params)
-    traits = Traits(stateless=True)
+    traits = Traits(batched=True, stateless=True)
 
 
 class MOON(FedAvg):            # not stateless: each client keeps its previous local model
     """MOON (Li, He & Song, CVPR 2021): FedAvg with the model-contrastive term `moon` and its projection head."""
     name, term, Params = "moon", Moon, with_init(Moon.Params)
+    traits = Traits(batched=True)
 
 
 class FedRS(FedAvg):
     """FedRS (Li & Zhan, KDD 2021): FedAvg with the restricted softmax `fedrs`."""
     name, term, Params = "fedrs", RestrictedSoftmax, with_init(RestrictedSoftmax.Params)
-    traits = Traits(stateless=True)
+    traits = Traits(batched=True, stateless=True)
 
 
 class FedNTD(FedAvg):
     """FedNTD (Lee et al., NeurIPS 2022): FedAvg with not-true distillation `ntd`."""
     name, term, Params = "fedntd", NotTrueDistillation, with_init(NotTrueDistillation.Params)
-    traits = Traits(stateless=True)
+    traits = Traits(batched=True, stateless=True)
 
 
 class FedFM(FedAvg):
     """FedFM (Ye et al., IEEE TSP 2023, Alg. 1): anchor phase from T_s, then FedAvg with contrastive guiding `fm_cg`."""
     name, term, Params = "fedfm", ContrastiveGuiding, with_init(ContrastiveGuiding.Params)
-    traits = Traits(stateless=True)
+    traits = Traits(batched=True, stateless=True)
 
 
 class FedKA(FedAvg):
     """FedKA (Chen et al., ACM MM 2023, Alg. 1): FedAvg with the knowledge-anchor term `ka` over a shared set."""
     name, term, Params = "fedka", KnowledgeAnchor, with_init(KnowledgeAnchor.Params)
-    traits = Traits(stateless=True)
+    traits = Traits(batched=True, stateless=True)

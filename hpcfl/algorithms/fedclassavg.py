@@ -48,6 +48,7 @@ SHARED = "shared"
 class FedClassAvg(Personal):
     """FedClassAvg (Jang et al., ICPP 2022, Alg. 1): personal models; only the classifier is averaged."""
     name = "fedclassavg"
+    traits = Personal.traits
 
     @dataclass(frozen=True)
     class Params:

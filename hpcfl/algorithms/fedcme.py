@@ -31,10 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hpcfl.algorithms.anchors import anchor_layouts, initial_anchors, uniform_contribution, update_anchors
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, assign, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.algorithms.phases import SwapPhase, Swapping
 from hpcfl.errors import ConfigError
@@ -78,7 +77,7 @@ def many_to_one(vectors: np.ndarray, cohort: list[int]) -> dict[int, int]:
 class FeatureAlignment(Term):
     """mu * sum_c ||mean of the batch's class-c features - global feature c||^2 (eq. 9), and the running
     per-class feature sums of training (eq. 5), kept in the client's state across the swap."""
-    name, keeps_state = "fa", True
+    name, keeps_state, batchable = "fa", True, True
 
     def start(self, model, client, round, received):
         self.target, self.known = received[FEATURES]["anchors"], received[FEATURES]["known"] > 0
@@ -87,15 +86,15 @@ class FeatureAlignment(Term):
         self.counts = kept.get("counts", torch.zeros(shape[0], dtype=torch.float64, device=self.target.device))
 
     def loss(self, model, x, y, features, logits):
-        onehot = F.one_hot(y, self.target.shape[0]).to(features.dtype)
+        onehot = (y[:, None] == torch.arange(self.target.shape[0], device=y.device)).to(features.dtype)
         class_sums, n = onehot.T @ features, onehot.sum(0)
         self.sums += class_sums.detach().double()
         self.counts += n.double()
-        aligned = (n > 0) & self.known
-        if self.params.mu == 0 or not aligned.any():
+        if self.params.mu == 0:
             return None
-        means = class_sums[aligned] / n[aligned, None]
-        return self.params.mu * ((means - self.target[aligned]) ** 2).sum()
+        aligned = (n > 0) & self.known                 # a mask, not a selection: vmap-safe (batched clients)
+        means = class_sums / n.clamp(min=1)[:, None]
+        return self.params.mu * (((means - self.target) ** 2).sum(1) * aligned).sum()
 
     def finish(self, model, client):
         self.state(client).update(sums=self.sums, counts=self.counts)
@@ -105,6 +104,7 @@ class FedCME(Swapping, FedAvg):
     """FedCME (Nie, Xiao, Yang & Wu): paired clients swap classifiers mid-round; features aligned to the global
     class features."""
     name = "fedcme"
+    traits = Traits(batched=True)
 
     @dataclass(frozen=True)
     class Params:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcfl.algorithms.base import ONE, WEIGHT
+from hpcfl.algorithms.base import ONE, WEIGHT, Traits
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.terms import Linear, Prox
 
@@ -19,6 +19,7 @@ from hpcfl.terms import Linear, Prox
 class FedDyn(FedAvg):
     """FedDyn (Acar et al., ICLR 2021, Alg. 1): linear and proximal local terms, per-client gradient state."""
     name = "feddyn"
+    traits = Traits(batched=True)
 
     @dataclass(frozen=True)
     class Params:

@@ -33,7 +33,7 @@ LOCAL, BASE = "lite.model.", "lite.base"      # a client's own model and the glo
 class FedFMLite(FedAvg):
     """FedFM-Lite (Ye et al., section VI): one handshake a round; anchors every round, models every a rounds."""
     name, term = "fedfm_lite", ContrastiveGuiding
-    traits = Traits(anchor_phase=False)
+    traits = Traits(anchor_phase=False, batched=True)
 
     @dataclass(frozen=True)
     class Params(ContrastiveGuiding.Params):

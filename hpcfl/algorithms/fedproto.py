@@ -13,8 +13,6 @@ classifier) on its local test set; the authors also report nearest-prototype inf
 """
 from dataclasses import dataclass
 
-import torch.nn.functional as F
-
 from hpcfl.algorithms.anchors import (
     ANCHORS,
     anchor_layouts,
@@ -30,7 +28,7 @@ from hpcfl.terms import Term
 
 class PrototypeDistance(Term):
     """lambda * MSE(features, global prototype of the label), over samples whose class has one."""
-    name = "proto"
+    name, batchable = "proto", True
 
     @dataclass(frozen=True)
     class Params:
@@ -41,15 +39,15 @@ class PrototypeDistance(Term):
         self.known = received[ANCHORS]["known"] > 0
 
     def loss(self, model, x, y, features, logits):
-        has = self.known[y]
-        if not has.any():
-            return None
-        return self.params.weight * F.mse_loss(features[has], self.prototypes[y[has]])
+        has = self.known[y]                      # a mask, not a selection: vmap-safe (train.batched_clients)
+        squares = ((features - self.prototypes[y]) ** 2).sum(1) * has
+        return self.params.weight * squares.sum() / (has.sum() * features.shape[1]).clamp(min=1)
 
 
 class FedProto(Personal):
     """FedProto (Tan et al., AAAI 2022): personal models; class prototypes are averaged and pulled towards."""
     name, Params = "fedproto", PrototypeDistance.Params
+    traits = Personal.traits
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

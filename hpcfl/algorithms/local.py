@@ -31,6 +31,7 @@ PROBS = "probs"
 class LocalOnly(Personal):
     """Local training only: no communication; each client continues from its own model (personalised accuracy)."""
     name, Params = "local_only", InitParams
+    traits = Personal.traits
 
     def init_client_state(self, client, initial_model):
         shared = super().init_client_state(client, initial_model)

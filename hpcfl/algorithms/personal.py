@@ -16,7 +16,7 @@ OWN = "model."
 
 
 class Personal(Algorithm):
-    traits = Traits(global_model=False, heterogeneous=True)
+    traits = Traits(global_model=False, heterogeneous=True, batched=True)
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

@@ -41,7 +41,8 @@ class Scaffold(FedAvg):
     class Params:
         server_lr: float = 1.0            # eta_g, the server's step on the averaged model change
 
-    traits = Traits(sgd_only="its option II control variates divide the model change by lr times the SGD step count")
+    traits = Traits(batched=True,
+                    sgd_only="its option II control variates divide the model change by lr times the SGD step count")
 
     @classmethod
     def check(cls, job):

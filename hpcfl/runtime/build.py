@@ -171,7 +171,8 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
                     clients[cid].shared = shared_xy
                 clients[cid].state = algorithm.init_client_state(clients[cid], models[clients[cid].architecture])
         trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
-        batched = BatchedTrainer(trainer, model, config.train.batched_clients) if config.train.batched_clients else None
+        group = config.train.batched_clients
+        batched = BatchedTrainer(trainer, models.values(), group) if group else None
         worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
                         config.train.on_nonfinite == "drop", batched, moving)
     if transport.is_server:

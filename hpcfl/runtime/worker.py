@@ -7,7 +7,8 @@ per payload, in increasing client id order, so the reduction over ranks sees one
 A client whose loss or contribution is NaN/Inf is left out of the sums and flagged in its metric row
 (`nonfinite`); with train.on_nonfinite = 'drop' it also gets back the state it had before the round.
 With train.batched_clients, an algorithm that allows it has the sampled clients trained together
-first (hpcfl.training.batched); each client's update then goes through the same per-client steps.
+first (hpcfl.training.batched: each client's update runs once to record what it trains, the group
+trains, and then each update runs as usual and takes its trained model).
 """
 import math
 import time
@@ -19,6 +20,7 @@ from hpcfl.algorithms.base import Algorithm, Client
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.errors import HpcflError
 from hpcfl.models.evaluation import evaluate
+from hpcfl.training.batched import Recorded, Recording
 
 
 class Worker:
@@ -44,14 +46,13 @@ class Worker:
         start = time.perf_counter()
         sums = {name: _zeros(layout.numel, self.device) for name, layout in phase.uplink.items()}
         self.algorithm.receive(phase, round, downlink)
-        trainer = self._trainer(phase, round, hosted, downlink)
+        trainer = self._trainer(phase, round, hosted, downlink, replies)
         for cid in hosted:
             client = self.clients[cid]
             model = self.algorithm.client_model(client, self.models[client.architecture])
             before = _moved(client.kept(), torch.clone) if self.drop_nonfinite else None
             client.keep(_moved(client.kept(), lambda t: t.to(self.device)))
-            received = (downlink if replies is None
-                        else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}})
+            received = _received(downlink, replies, cid)
             try:
                 contributions, metrics = self.client_update(phase, round, client, received, model, trainer)
             except Exception as err:
@@ -93,11 +94,27 @@ class Worker:
         """One client's update: the one place the worker hands a client to the algorithm."""
         return self.algorithm.client_update(phase, round, client, received, model, trainer)
 
-    def _trainer(self, phase: Phase, round: int, hosted: list[int], downlink: dict):
-        """What the clients' updates train with: their results, trained together up front, where the
-        job asks for it and the algorithm allows it; else the trainer, one client after another."""
-        start = self.algorithm.batch_start(phase, downlink) if self.batched and hosted else None
-        return self.trainer if start is None else self.batched.train([self.clients[c] for c in hosted], round, start)
+    def _trainer(self, phase: Phase, round: int, hosted: list[int], downlink: dict, replies: dict | None):
+        """What the clients' updates train with: with train.batched_clients and an algorithm that allows it,
+        their results, trained together up front from what a first run of each update recorded (its
+        client state put back after); else the trainer, one client after another."""
+        if not (self.batched and hosted and self.algorithm.traits.batched):
+            return self.trainer
+        recording = Recording()
+        for cid in hosted:
+            client = self.clients[cid]
+            model = self.algorithm.client_model(client, self.models[client.architecture])
+            kept = _moved(client.kept(), lambda t: t.to(self.device, copy=True))
+            client.keep(_moved(kept, torch.clone))
+            try:
+                self.client_update(phase, round, client, _received(downlink, replies, cid), model, recording)
+            except Recorded:
+                pass
+            else:                   # a phase without training (FedFM's anchors): nothing to train together
+                return self.trainer
+            finally:
+                client.keep(kept)
+        return self.batched.train(recording.requests, round, self.trainer)
 
     def gather(self, phase: MatchPhase, round: int, hosted: list[int]) -> dict[int, np.ndarray]:
         """A matching phase's opening: the hosted sampled clients' tensors for the server."""
@@ -126,6 +143,11 @@ class Worker:
         """Memory held by the hosted clients' persistent state (on the CPU between rounds)."""
         return sum(t.numel() * t.element_size() for c in self.clients.values() for state in c.kept().values()
                    for t in state.values())
+
+
+def _received(downlink: dict, replies: dict | None, cid: int) -> dict:
+    """What client `cid` receives: the phase's downlink, and in a matching phase its own reply."""
+    return downlink if replies is None else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}}
 
 
 def _zeros(n: int, device) -> torch.Tensor:

@@ -28,6 +28,9 @@ class Term:
     needs_anchors: ClassVar[bool] = False
     needs_shared: ClassVar[bool] = False   # the run's shared set S (one sample per class) as client.shared
     keeps_state: ClassVar[bool] = False    # `finish` writes `state(client)`, so the client stays on one worker
+    batchable: ClassVar[bool] = False      # runs under vmap (train.batched_clients): `start` sets each client's
+                                           # context as attributes (tensors, dicts of them, Frozen models) that
+                                           # `logits`/`loss` only read, with no data-dependent shapes
     seed: int = 0                          # the run's seed, for terms that draw per (round, client)
     views: ClassVar[int] = 1       # 2: the trainer makes two augmented views of each batch (SupCon), and
                                    # `loss` gets their features as N x 2 x d (view 1 is what the task loss sees)

@@ -43,6 +43,7 @@ class ProjectedClassifier(nn.Module):
 
 class Moon(Term):
     """MOON's model-contrastive loss: features near the global model's, far from the previous local model's."""
+    batchable = True
     name, keeps_state = "moon", True
 
     @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Moon(Term):
 class SupCon(Term):
     """Khosla et al.'s supervised contrastive loss over the 2N features of two views (every other
     sample of the same class is a positive), scaled by temperature / base_temperature."""
+    batchable = True
     name, views = "supcon", 2
 
     @dataclass(frozen=True)

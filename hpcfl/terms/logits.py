@@ -47,6 +47,7 @@ from hpcfl.terms.base import Frozen, Term
 
 class RestrictedSoftmax(Term):
     """FedRS's restricted softmax: the logits of classes the client lacks are scaled by alpha."""
+    batchable = True
     name = "fedrs"
 
     @dataclass(frozen=True)
@@ -64,17 +65,19 @@ class RestrictedSoftmax(Term):
         counts = torch.as_tensor(client.class_counts, dtype=torch.float32, device=client.y.device)
         self.scale = self.params.alpha + (1.0 - self.params.alpha) * counts / counts.max().clamp(min=1.0)
         layer = getattr(model.classifier, "out", model.classifier)     # the Linear that gives the logits
-        self.bias = None if self.params.bias == "scale" else layer.bias
+        self.layer = None if self.params.bias == "scale" or layer.bias is None else layer  # its bias read per batch
 
     def logits(self, logits):
-        if self.bias is None:             # bias = "scale" (or a classifier without a bias)
+        if self.layer is None:            # bias = "scale" (or a classifier without a bias)
             return logits * self.scale
-        restricted = (logits - self.bias) * self.scale                 # s_c w_c^T h; b's gradient cancels
-        return restricted + self.bias if self.params.bias == "keep" else restricted
+        bias = self.layer.bias
+        restricted = (logits - bias) * self.scale                      # s_c w_c^T h; b's gradient cancels
+        return restricted + bias if self.params.bias == "keep" else restricted
 
 
 class NotTrueDistillation(Term):
     """FedNTD's not-true distillation: KL to the global model's softmax over the classes other than the label."""
+    batchable = True
     name = "ntd"
 
     @dataclass(frozen=True)
@@ -97,18 +100,20 @@ class NotTrueDistillation(Term):
     def loss(self, model, x, y, features, logits):
         with torch.no_grad():
             teacher = self.global_model.net(x)
-        not_true = ~F.one_hot(y, logits.shape[1]).bool()
-        rows = y.shape[0]
+        others = torch.arange(logits.shape[1] - 1, device=y.device)
+        not_true = others + (others >= y[:, None])          # each row's classes but its label, in order
         tau = self.params.tau
-        local = F.log_softmax(logits[not_true].view(rows, -1) / tau, dim=1)
-        target = F.softmax(teacher[not_true].view(rows, -1) / tau, dim=1)
-        return self.params.beta * F.kl_div(local, target, reduction="batchmean")
+        local = F.log_softmax(logits.gather(1, not_true) / tau, dim=1)
+        target = F.softmax(teacher.gather(1, not_true) / tau, dim=1)
+        kl = torch.special.xlogy(target, target) - target * local      # F.kl_div's terms (it has no vmap rule)
+        return self.params.beta * kl.sum() / len(y)
 
 
 class KnowledgeAnchor(Term):
     """FedKA: beta * the squared distance between the global and the local model's logits on T over the
     non-dominant and missing classes (summed / |T|, or the element-wise mean), T = the shared sample of
     each missing class + one random own sample of each non-dominant class."""
+    batchable = True
     name, needs_shared = "ka", True
 
     @dataclass(frozen=True)
@@ -162,20 +167,22 @@ class KnowledgeAnchor(Term):
 
     def start(self, model, client, round, received):
         categories = self.categories(client)
-        self.x, _ = self.anchor(client, round, categories)
-        self.kept = ~categories[0].to(client.y.device)
-        if len(self.x):
-            self.global_model.load(model, received["model"])
-            with torch.no_grad():
-                self.target = self.global_model.net(self.x)[:, self.kept]
+        x, _ = self.anchor(client, round, categories)
+        # T padded to `size` rows, with a mask: every client's T has one shape (train.batched_clients)
+        self.rows = torch.arange(self.params.size, device=client.y.device) < len(x)
+        self.x = torch.cat([x, x.new_zeros((self.params.size - len(x), *x.shape[1:]))])
+        self.kept = (~categories[0]).to(client.y.device, torch.float32)     # 1: a class whose logits count
+        self.global_model.load(model, received["model"])
+        with torch.no_grad():
+            self.target = self.global_model.net(self.x)
 
     def loss(self, model, x, y, features, logits):
-        if not len(self.x):
-            return None
         model.eval()                      # as the global model: BatchNorm's statistics used, not updated
         try:
-            local = model(self.x)[:, self.kept]
+            local = model(self.x)
         finally:
             model.train()
-        squares = (self.target - local) ** 2
-        return self.params.weight * (squares.mean() if self.params.reduction == "mean" else squares.sum() / len(self.x))
+        squares = (self.target - local) ** 2 * self.kept * self.rows[:, None]   # masks: vmap-safe, no shapes
+        summed = squares.sum() / self.rows.sum().clamp(min=1)                    # that depend on the data
+        mean = self.params.reduction == "mean"
+        return self.params.weight * (summed / self.kept.sum().clamp(min=1) if mean else summed)

@@ -17,6 +17,7 @@ from hpcfl.terms.base import Term
 
 class FeatureMatching(Term):
     """Pulls each sample's features towards its class's global anchor (FedFM); off before `start_round`."""
+    batchable = True
 
     needs_anchors = True
 

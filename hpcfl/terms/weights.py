@@ -12,6 +12,7 @@ from hpcfl.terms.base import Tensors, Term
 
 class Prox(Term):
     """FedProx's proximal term (mu/2) ||w - w_ref||^2 against the model the client started from."""
+    batchable = True
     name = "prox"
 
     @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Prox(Term):
 class Linear(Term):
     """<v, w> over the parameters, for a per-client vector v the algorithm sets (SCAFFOLD's c - c_i,
     FedDyn's -grad): its gradient adds v to every step's gradient. Not selectable by name."""
+    batchable = True
 
     name = "linear"
     vector: Tensors               # set by the algorithm before each local training

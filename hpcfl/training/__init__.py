@@ -38,44 +38,65 @@ class LocalTrainer:
                 out += list(order.to(device).split(size))
         return out
 
-    def train(self, model: nn.Module, client, round: int, terms=(), epochs: range | None = None) -> dict[str, float]:
-        """E local epochs of minibatch training on the client's data, the task loss being cross-entropy
-        on the (term-adjusted) logits plus every term's term; returns the mean loss.
+    def plan(self, model: nn.Module, client, round: int, device, epochs: range | None = None) -> list[torch.Tensor]:
+        """The client's index batches this round (`batches`), less a one-sample batch on a model with
+        BatchNorm (which cannot train on it: 1-d, or 1x1 maps)."""
+        batches = self.batches(client.num_samples, round, client.id, device, epochs)
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            batches = [idx for idx in batches if len(idx) > 1]
+        return batches
 
-        If a term asks for two views (SupCon), each batch becomes two augmented views that go through
-        the feature extractor together; the task loss and single-view terms see view 1."""
+    def augmenter(self, client, round: int, terms, epochs: range | None = None) -> torch.Generator | None:
+        """The client's augmentation generator this round (a later part of it: fresh draws), if it augments."""
+        part = (epochs.start,) if epochs is not None and epochs.start else ()
+        if any(term.views == 2 for term in terms) or self.cfg.augment == "crop_flip":
+            return torch_generator(self.seed, "augment", round, client.id, *part, device=client.y.device)
+        return None
+
+    def views(self, x: torch.Tensor, augment: torch.Generator | None, terms) -> tuple:
+        """A batch as the loss takes it: two augmented views if a term asks for them (SupCon), else
+        the batch, cropped and flipped with train.augment = "crop_flip"."""
+        if any(term.views == 2 for term in terms):
+            return simclr_views(x, augment, *self.normalization)
+        return (x if augment is None else random_crop_flip(x, augment)), None
+
+    def train(self, model: nn.Module, client, round: int, terms=(), epochs: range | None = None) -> dict[str, float]:
+        """E local epochs of minibatch training on the client's data (`batch_loss` each batch); returns
+        the mean loss."""
         part = (epochs.start,) if epochs is not None and epochs.start else ()     # a later part: fresh draws
         torch.manual_seed(torch_seed(self.seed, "client", round, client.id, *part))   # dropout & co.
         model.train()
         opt = self.optimizer(model.parameters())
         total = torch.zeros((), device=client.y.device)
-        batches = self.batches(client.num_samples, round, client.id, client.y.device, epochs)
-        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-            batches = [idx for idx in batches if len(idx) > 1]   # BatchNorm cannot train on one sample (1-d, 1x1 maps)
-        two_views = any(term.views == 2 for term in terms)
-        augment = (torch_generator(self.seed, "augment", round, client.id, *part, device=client.y.device)
-                   if two_views or self.cfg.augment == "crop_flip" else None)
+        batches = self.plan(model, client, round, client.y.device, epochs)
+        augment = self.augmenter(client, round, terms, epochs)
         for idx in batches:
-            x, y = client.inputs(idx), client.y.index_select(0, idx)
-            if two_views:
-                x, second = simclr_views(x, augment, *self.normalization)
-                both = model.features(torch.cat([x, second]))
-                features, paired = both[:len(y)], torch.stack(both.split(len(y)), dim=1)
-            else:
-                if augment is not None:
-                    x = random_crop_flip(x, augment)
-                features = paired = model.features(x)
-            logits = model.classifier(features)
-            for term in terms:
-                logits = term.logits(logits)
-            loss = F.cross_entropy(logits, y)
-            for term in terms:
-                extra = term.loss(model, x, y, paired if term.views == 2 else features, logits)
-                if extra is not None:
-                    loss = loss + extra
+            y = client.y.index_select(0, idx)
+            loss = batch_loss(model, terms, *self.views(client.inputs(idx), augment, terms), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             total += loss.detach() * y.shape[0]
         seen = sum(int(i.shape[0]) for i in batches)
         return {"train_loss": float(total) / max(seen, 1), "steps": float(len(batches))}
+
+
+def batch_loss(model: nn.Module, terms, x: torch.Tensor, second: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """One batch's loss: cross-entropy on the (term-adjusted) logits plus every term's term. With a
+    second view (SupCon) both views go through the feature extractor together; the task loss and
+    single-view terms see view 1, a two-view term both as N x 2 x d. The sequential and the batched
+    trainer (hpcfl.training.batched, under vmap) both compute it here."""
+    if second is None:
+        features = paired = model.features(x)
+    else:
+        both = model.features(torch.cat([x, second]))
+        features, paired = both[:len(y)], torch.stack(both.split(len(y)), dim=1)
+    logits = model.classifier(features)
+    for term in terms:
+        logits = term.logits(logits)
+    loss = F.cross_entropy(logits, y)
+    for term in terms:
+        extra = term.loss(model, x, y, paired if term.views == 2 else features, logits)
+        if extra is not None:
+            loss = loss + extra
+    return loss

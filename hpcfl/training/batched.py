@@ -1,50 +1,66 @@
 """Several clients of one worker trained as one batched computation (train.batched_clients).
 
 A small model leaves the hardware idle on one client's batch, so a group of clients trains together:
-their parameters get a leading client axis, `torch.func.vmap` runs the model once for all of them
-(a convolution becomes a grouped one), one backward pass gives every client's gradient, and the
-step is torch.optim's SGD or Adam arithmetic on the stacked tensors. Each client sees the batches of
-the sequential path (LocalTrainer.batches) and, with crop_flip, the same augmentation draws: a
-short last batch is padded with masked samples, so its loss stays the mean over real ones, and a
-client out of batches is masked whole, its parameters and optimizer state keeping their values.
-`Trained` then stands in for the trainer in the algorithm's own client_update, so contributions,
-metrics and the worker's NaN/Inf checks come from the one per-client code path.
+their parameters and buffers get a leading client axis, `torch.func.vmap` runs each batch's loss
+(`hpcfl.training.batch_loss`: the model, its loss terms, a second view) once for all of them (a
+convolution becomes a grouped one), one backward pass gives every client's gradient, and the step is
+torch.optim's SGD or Adam arithmetic on the stacked tensors.
 
-The results equal the sequential ones to float rounding only for plain training: cross-entropy
-without local loss terms, on a model without randomness or running statistics (dropout,
-BatchNorm). Jobs that are more than that are refused, naming the key.
+The algorithm's own `client_update` decides what each client trains, in two passes (`Recording`, then
+`Trained`). The first pass runs it up to its `train` call and records what that call would train: the
+model's state (each client's start, FedAvg's independent first round included), the loss terms, and
+each term's per-client context as `start` left it (SCAFFOLD's correction, MOON's previous model, FedFM's
+anchors). The group then trains, and the second pass runs `client_update` again, whose `train` call
+now loads the client's trained model and metrics; contributions, client state, terms' `finish` and the
+worker's NaN/Inf checks come from the one per-client code path. So an algorithm batches when the code
+before its `train` call only reads state (Traits.batched vouches for that), and a term batches when
+`start` sets its per-client context as attributes and `loss` reads them (Term.batchable).
+
+Each client sees the batches and the augmentation draws of the sequential path. At a step where the
+clients' batches differ in length (an epoch's short last batch), each length trains as its own vmapped
+call, so every loss is the one the client alone would compute; a client out of batches stops. The
+results equal the sequential ones to float rounding, BatchNorm included (each client's running
+statistics are its own). Randomness inside the model (dropout) is drawn per client from torch's global
+generator on the sequential path, which vmap cannot reproduce: such models are refused, naming the key.
+A group whose clients' contexts cannot be stacked (different shapes, e.g. FedKA's anchor sets) trains
+one client at a time, and the log says so once.
 """
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
 from hpcfl.config import JobConfig, TrainConfig
-from hpcfl.data.augment import random_crop_flip
 from hpcfl.errors import ConfigError
-from hpcfl.seeding import torch_generator
+from hpcfl.terms import TERMS, Frozen, Term
+from hpcfl.training import batch_loss
 
+LOG = logging.getLogger(__name__)
 KEY = "train.batched_clients"
-# layers whose output depends on their input and parameters alone, so vmap reproduces them exactly
+# layers whose output depends on their input, parameters and (BatchNorm) buffers alone, so vmap reproduces them
 PLAIN_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
-                nn.Flatten, nn.Identity)
+                nn.Flatten, nn.Identity, nn.BatchNorm1d, nn.BatchNorm2d)
 Tensors = dict[str, torch.Tensor]
 
 
 def check_job(job: JobConfig, algorithm: type, supported: list[str]) -> None:
-    """Refuse, naming the key, a job whose local training is more than plain training from the global model
-    (`supported`: the algorithms that declare Traits(batched=True), for the message)."""
+    """Refuse, naming the key, a job whose local update cannot be recorded and replayed (`supported`: the
+    algorithms that declare Traits(batched=True), for the message) or whose terms cannot run under vmap."""
     if not algorithm.traits.batched:
-        raise ConfigError(f"{KEY} = {job.train.batched_clients}: algorithm '{algorithm.name}' does more than plain "
-                          "training from the global model (local terms, per-client models or training in parts), so "
-                          f"its clients train one at a time; use one of {supported}, or set {KEY} = 0")
-    if job.algorithm.terms:
-        raise ConfigError(f"{KEY} = {job.train.batched_clients} trains plain cross-entropy: drop "
-                          f"algorithm.terms {sorted(job.algorithm.terms)}, or set {KEY} = 0")
+        raise ConfigError(f"{KEY} = {job.train.batched_clients}: algorithm '{algorithm.name}' does not vouch that "
+                          "its client update only reads state before it trains, so its clients train one at a time; "
+                          f"use one of {supported}, or set {KEY} = 0")
+    odd = sorted(name for name in job.algorithm.terms if not TERMS.resolve(name, "algorithm.terms").batchable)
+    if odd:
+        raise ConfigError(f"{KEY} = {job.train.batched_clients}: the terms {odd} in algorithm.terms do not declare "
+                          f"that they run under vmap (Term.batchable): drop them, or set {KEY} = 0")
 
 
 def check_model(model: nn.Module) -> None:
-    """Refuse a model with layers whose randomness or statistics batched training would not reproduce."""
+    """Refuse a model with layers whose randomness batched training would not reproduce."""
     odd = sorted({type(m).__name__ for m in model.modules()
                   if not any(m.children()) and not isinstance(m, PLAIN_LAYERS)})
     if odd:
@@ -63,10 +79,10 @@ class Optimizer:
     def init(self, params: Tensors) -> dict[str, Tensors]:
         return {slot: {n: torch.zeros_like(p) for n, p in params.items()} for slot in self.slots}
 
-    def step(self, params: Tensors, grads: Tensors, state: dict[str, Tensors], step: int,
-             active: torch.Tensor | None = None) -> tuple[Tensors, dict[str, Tensors]]:
-        """The new parameters and state after step number `step` (1-based, shared: clients start together
-        and one out of batches never resumes); clients not `active` keep theirs."""
+    def step(self, params: Tensors, grads: Tensors, state: dict[str, Tensors],
+             step: int) -> tuple[Tensors, dict[str, Tensors]]:
+        """The new parameters and state after step number `step` (1-based: clients start together, and
+        every client still training has taken every step before)."""
         cfg, new, slots = self.cfg, {}, {slot: {} for slot in self.slots}
         for n, p in params.items():
             g = grads[n].add(p, alpha=cfg.weight_decay) if cfg.weight_decay else grads[n]
@@ -80,101 +96,248 @@ class Optimizer:
             if cfg.momentum:        # torch starts the buffer at the first gradient: 0 * momentum + g is that
                 g = slots["momentum"][n] = state["momentum"][n].mul(cfg.momentum).add(g)
             new[n] = p.add(g, alpha=-cfg.lr)
-        if active is None:
-            return new, slots
-        return ({n: _keep(active, new[n], params[n]) for n in new},
-                {s: {n: _keep(active, t, state[s][n]) for n, t in by_name.items()} for s, by_name in slots.items()})
+        return new, slots
 
 
-def _keep(active: torch.Tensor, now: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """`now` for the active clients (first axis), `old` for the others."""
-    return torch.where(active.view(-1, *[1] * (now.dim() - 1)), now, old)
+class Recorded(BaseException):
+    """Ends a client_update's first pass at its `train` call (not an Exception: no handler swallows it)."""
+
+
+@dataclass
+class Request:
+    """What one client's `train` call would train."""
+    client: object
+    model: nn.Module
+    start: Tensors                       # the model's state_dict at the call
+    terms: tuple[Term, ...]
+    contexts: list[dict]                 # each term's attributes after its `start` (a Frozen as its net's state)
+    epochs: range | None
+
+
+class Recording:
+    """The first pass's trainer: records the call, then ends the client_update."""
+
+    def __init__(self):
+        self.requests: list[Request] = []
+
+    def train(self, model: nn.Module, client, round: int, terms=(), epochs=None):
+        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.requests.append(Request(client, model, start, tuple(terms), [_context(t) for t in terms], epochs))
+        raise Recorded
+
+
+def _context(term: Term) -> dict:
+    """A term's attributes as its `start` left them; `start` assigns new tensors, but a Frozen model is
+    loaded in place, so its state is copied."""
+    return {name: (_Net(value.net, {k: v.clone() for k, v in value.net.state_dict().items()})
+                   if isinstance(value, Frozen) and value.net is not None else value)
+            for name, value in vars(term).items()}
+
+
+@dataclass
+class _Net:
+    """A Frozen model's net and one client's (or, stacked, every client's) state for it."""
+    net: nn.Module
+    state: Tensors
+
+
+class Unbatchable(Exception):
+    """The group's contexts cannot be stacked; its clients train one at a time."""
+
+
+@dataclass
+class _PerClient:
+    """A context value with a client axis: a tensor, a dict of tensors, or a _Net whose state has one."""
+    value: object
+
+
+def _stack(name: str, values: list):
+    """One term attribute across the group's clients: the value they share, or _PerClient."""
+    first = values[0]
+    if isinstance(first, _Net):                  # a Frozen model's state: always the client's own
+        return _PerClient(_Net(first.net, _stacked(name, [v.state for v in values])))
+    if len(values) > 1 and all(v is first for v in values):     # what a term received (FedFM's anchors)
+        return first
+    if isinstance(first, torch.Tensor) or (isinstance(first, dict) and
+                                           all(isinstance(v, torch.Tensor) for v in first.values())):
+        return _PerClient(_stacked(name, values))
+    if all(type(v) is type(first) and v == first for v in values):
+        return first
+    raise Unbatchable(f"'{name}' differs between clients and is not a tensor")
+
+
+def _stacked(name: str, values: list):
+    """Tensors (or dicts of them) with a new leading client axis."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {k: _stacked(f"{name}.{k}", [v[k] for v in values]) for k in first}
+    if any(v.shape != first.shape for v in values):
+        raise Unbatchable(f"'{name}' has shapes {sorted({tuple(v.shape) for v in values})}")
+    return torch.stack(values)
+
+
+def _select(tree, index: torch.Tensor | None):
+    """The stacked tensors of `tree` (nested dicts) for the clients `index` (all when None)."""
+    if index is None:
+        return tree
+    if isinstance(tree, dict):
+        return {k: _select(v, index) for k, v in tree.items()}
+    return tree.index_select(0, index)
+
+
+def _put(tree, index: torch.Tensor | None, part):
+    """`part` (the clients `index`) written back into the stacked tensors of `tree`, in place when `index`."""
+    if index is None:
+        return part
+    if isinstance(tree, dict):
+        return {k: _put(tree[k], index, part[k]) for k in tree}
+    return tree.index_copy_(0, index, part)
+
+
+class _Step(nn.Module):
+    """The model and the terms' frozen nets as one module, so that one functional_call sets every
+    parameter and buffer they read to one client's."""
+
+    def __init__(self, model: nn.Module, nets: list[nn.Module], terms: tuple[Term, ...]):
+        super().__init__()
+        self.model, self.nets, self.terms = model, nn.ModuleList(nets), terms
+
+    def forward(self, x, second, y):
+        return batch_loss(self.model, self.terms, x, second, y)
 
 
 class BatchedTrainer:
-    """Trains a worker's clients `group` at a time, each group as one computation (see the module)."""
+    """Trains a worker's recorded clients `group` at a time, each group as one computation (see the module)."""
 
-    def __init__(self, trainer, model: nn.Module, group: int):
-        check_model(model)
-        self.trainer, self.model, self.group = trainer, model, group
+    def __init__(self, trainer, models, group: int):
+        for model in models:
+            check_model(model)
+        self.trainer, self.group = trainer, group
         self.optimizer = Optimizer(trainer.cfg)
-        self.forward = vmap(lambda params, x: functional_call(model, params, (x,)))
+        self.said = False
 
-    def train(self, clients: list, round: int, start: Tensors) -> "Trained":
-        """Every client's local training of `round` from the model state `start`."""
+    def train(self, requests: list[Request], round: int, fallback) -> "Trained":
+        """Every recorded client's local training of `round`; `fallback` trains what could not batch."""
+        kinds = defaultdict(list)            # the same model instance, terms and part of the epochs
+        for r in requests:
+            kinds[id(r.model), tuple(map(id, r.terms)), r.epochs].append(r)
         results = {}
-        for first in range(0, len(clients), self.group):
-            part = clients[first:first + self.group]
-            try:
-                results.update(self._train_group(part, round, start))
-            except Exception as err:
-                err.add_note(f"hpcfl: in clients {[c.id for c in part]} trained together, round {round + 1}")
-                raise
-        return Trained(results)
+        for same in kinds.values():
+            for first in range(0, len(same), self.group):
+                part = same[first:first + self.group]
+                try:
+                    results.update(self._train_group(part, round))
+                except Unbatchable as why:
+                    if not self.said:
+                        LOG.info(f"{KEY}: clients {[r.client.id for r in part]} train one at a time: {why}")
+                        self.said = True
+                except Exception as err:
+                    err.add_note(f"hpcfl: in clients {[r.client.id for r in part]} trained together, round {round + 1}")
+                    raise
+                finally:
+                    _restore(part[0])
+        return Trained(results, fallback)
 
-    def _train_group(self, clients: list, round: int, start: Tensors) -> dict[int, tuple[Tensors, dict]]:
-        """Step t trains every client on its t-th batch; returns each client's parameters and metrics."""
-        cfg, device, size = self.trainer.cfg, clients[0].y.device, len(clients)
-        index, mask = self._plan(clients, round)
-        lengths = mask.sum(2)                                   # step x client: real samples, 0 once out of batches
-        index, mask, counts, active = index.to(device), mask.to(device), lengths.to(device), (lengths > 0).to(device)
+    def _train_group(self, requests: list[Request], round: int) -> dict:
+        """Step t trains every client that has a t-th batch, one vmapped call per batch length; returns
+        each client's model state and metrics."""
+        trainer, model, terms, epochs = self.trainer, requests[0].model, requests[0].terms, requests[0].epochs
+        clients, device = [r.client for r in requests], requests[0].client.y.device
+        contexts = [{name: _stack(f"{type(term).__name__}.{name}", [r.contexts[j][name] for r in requests])
+                     for name in requests[0].contexts[j]} for j, term in enumerate(terms)]
+        per_client = [{name: v.value for name, v in ctx.items() if isinstance(v, _PerClient)} for ctx in contexts]
+        nets = {id(v.net): v.net for ctx in per_client for v in ctx.values() if isinstance(v, _Net)}
+        prefix = {key: f"nets.{i}." for i, key in enumerate(nets)}
+        step = _Step(model, list(nets.values()), terms)
+        for term, ctx in zip(terms, contexts, strict=True):          # what the clients share, set once
+            for name, value in ctx.items():
+                if not isinstance(value, _PerClient):
+                    setattr(term, name, value)
+
+        def loss_of(params, buffers, own, x, y, second):
+            """One client's batch loss (under vmap: every client's), its own context bound to the terms."""
+            tensors = {f"model.{n}": v for n, v in {**params, **buffers}.items()}
+            for term, values, kinds in zip(terms, own, per_client, strict=True):
+                for name, value in values.items():
+                    if isinstance(kinds[name], _Net):
+                        tensors.update({prefix[id(kinds[name].net)] + k: v for k, v in value.items()})
+                    else:
+                        setattr(term, name, value)
+            return functional_call(step, tensors, (x, second, y))
+
+        trained = [n for n, p in model.named_parameters() if p.requires_grad]
+        buffers = _stacked("model", [r.start for r in requests])
+        params = {n: buffers.pop(n) for n in trained}
+        slots = self.optimizer.init(params)
+        plans = [trainer.plan(model, c, round, "cpu", epochs) for c in clients]
+        augment = [trainer.augmenter(c, round, terms, epochs) for c in clients]
+        offsets = torch.tensor([0, *[c.num_samples for c in clients]]).cumsum(0).tolist()
         x, y = torch.cat([c.inputs() for c in clients]), torch.cat([c.y for c in clients])
-        params = {n: start[n].to(device, p.dtype).expand(size, *p.shape).clone()
-                  for n, p in self.model.named_parameters()}
-        state = self.optimizer.init(params)
-        augment = ([torch_generator(self.trainer.seed, "augment", round, c.id, device=device) for c in clients]
-                   if cfg.augment == "crop_flip" else None)
-        total = torch.zeros(size, device=device)
-        for t, real in enumerate(lengths.tolist()):
-            xt, yt = x[index[t]], y[index[t]]
-            for c, n in enumerate(real if augment else ()):
-                if n:
-                    xt[c, :n] = random_crop_flip(xt[c, :n], augment[c])
-            loss, grads = self._gradients(params, xt, yt, mask[t], counts[t])
-            params, state = self.optimizer.step(params, grads, state, t + 1, None if all(real) else active[t])
-            total += loss * counts[t]
-        seen, steps = lengths.sum(0).tolist(), (lengths > 0).sum(0).tolist()
-        return {c.id: ({n: p[i] for n, p in params.items()},
-                       {"train_loss": loss_sum / max(seen[i], 1), "steps": float(steps[i])})
-                for i, (c, loss_sum) in enumerate(zip(clients, total.tolist(), strict=True))}
+        totals, seen = [0.0] * len(clients), [0] * len(clients)
+        model.train()
+        for t in range(max(map(len, plans))):
+            lengths = defaultdict(list)
+            for c, plan in enumerate(plans):
+                if t < len(plan):
+                    lengths[len(plan[t])].append(c)
+            for members in lengths.values():
+                index = None if len(members) == len(clients) else torch.tensor(members, device=device)
+                rows = torch.stack([plans[c][t] + offsets[c] for c in members]).to(device)
+                views = [trainer.views(x[r], augment[c], terms) for r, c in zip(rows, members, strict=True)]
+                xb, yb = torch.stack([v[0] for v in views]), y[rows]
+                second = None if views[0][1] is None else torch.stack([v[1] for v in views])
+                own = [{name: _select(v.state if isinstance(v, _Net) else v, index) for name, v in ctx.items()}
+                       for ctx in per_client]
+                p = {n: v.detach().requires_grad_() for n, v in _select(params, index).items()}
+                b = _select(buffers, index)             # BatchNorm updates its statistics in place
+                with torch.enable_grad():
+                    loss = vmap(loss_of, in_dims=(0, 0, 0, 0, 0, None if second is None else 0),
+                                randomness="error")(p, b, own, xb, yb, second)
+                    grads = dict(zip(p, torch.autograd.grad(loss.sum(), list(p.values())), strict=True))
+                new, new_slots = self.optimizer.step({n: v.detach() for n, v in p.items()}, grads,
+                                                     _select(slots, index), t + 1)
+                params, buffers = _put(params, index, new), _put(buffers, index, b)
+                per_client = [{name: v if isinstance(v, _Net) else _put(v, index, mine[name])
+                               for name, v in ctx.items()} for ctx, mine in zip(per_client, own, strict=True)]
+                slots = {k: _put(slots[k], index, new_slots[k]) for k in slots}
+                for c, value in zip(members, (loss.detach() * yb.shape[1]).tolist(), strict=True):
+                    totals[c], seen[c] = totals[c] + value, seen[c] + yb.shape[1]
+        return {(c.id, epochs): ({n: v[i] for n, v in {**params, **buffers}.items()},
+                                 {"train_loss": totals[i] / max(seen[i], 1), "steps": float(len(plans[i]))},
+                                 [{name: _row(v, i) for name, v in ctx.items() if not isinstance(v, _Net)}
+                                  for ctx in per_client])
+                for i, c in enumerate(clients)}
 
-    def _plan(self, clients: list, round: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step x client x batch_size indices into the group's concatenated data, from each client's
-        own index batches, and the mask of real samples (padding points at the client's first sample)."""
-        batches = [self.trainer.batches(c.num_samples, round, c.id, "cpu") for c in clients]
-        shape = (max(map(len, batches)), len(clients), self.trainer.cfg.batch_size)
-        index, mask = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.bool)
-        offset = 0
-        for c, (client, own) in enumerate(zip(clients, batches, strict=True)):
-            index[:, c] = offset
-            for t, idx in enumerate(own):
-                index[t, c, :len(idx)] = idx + offset
-                mask[t, c, :len(idx)] = True
-            offset += client.num_samples
-        return index, mask
 
-    def _gradients(self, params: Tensors, x, y, mask, counts) -> tuple[torch.Tensor, Tensors]:
-        """Each client's mean loss over its real samples, and its gradients, from one backward pass
-        (a masked entry is selected away, so a padded sample's Inf loss cannot turn the mean NaN)."""
-        params = {n: p.requires_grad_() for n, p in params.items()}
-        with torch.enable_grad():
-            logits = self.forward(params, x)
-            per_sample = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask)
-            loss = torch.where(mask, per_sample, 0.0).sum(1) / counts.clamp(min=1)
-            grads = torch.autograd.grad(loss.sum(), list(params.values()))
-        return loss.detach(), dict(zip(params, grads, strict=True))
+def _row(tree, i: int):
+    """Client i's part of stacked tensors (nested dicts)."""
+    return {k: _row(v, i) for k, v in tree.items()} if isinstance(tree, dict) else tree[i]
+
+
+def _restore(request: Request) -> None:
+    """Give the terms back plain attributes (vmap left its per-client stand-ins on them)."""
+    for term, ctx in zip(request.terms, request.contexts, strict=True):
+        for name, value in ctx.items():
+            if not isinstance(value, _Net):
+                setattr(term, name, value)
 
 
 class Trained:
-    """Stands in for the trainer in an algorithm's client_update: loads the model its group trained."""
+    """The second pass's trainer: loads the model its group trained (what did not batch trains here)."""
 
-    def __init__(self, results: dict[int, tuple[Tensors, dict]]):
-        self.results = results
+    def __init__(self, results: dict, fallback):
+        self.results, self.fallback = results, fallback
 
     def train(self, model: nn.Module, client, round: int, terms=(), epochs=None) -> dict[str, float]:
-        assert not terms and epochs is None, "batched clients train without local terms, every epoch at once"
-        params, metrics = self.results.pop(client.id)
+        found = self.results.pop((client.id, epochs), None)
+        if found is None:
+            return self.fallback.train(model, client, round, terms, epochs)
+        state, metrics, contexts = found
+        model.train()
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(params[name])
+            for name, value in model.state_dict().items():
+                value.copy_(state[name])
+        for term, context in zip(terms, contexts, strict=True):   # what training left in them (FedCME's sums)
+            for name, value in context.items():
+                setattr(term, name, value)
         return dict(metrics)

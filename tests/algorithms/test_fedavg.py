@@ -123,13 +123,6 @@ def test_independent_init_starts_round_0_from_the_clients_own_model_and_later_ro
     assert all(torch.equal(tensors[k], torch.full_like(own[1][k], 1.5)) for k in own[1])
 
 
-def test_independent_round_0_is_not_trained_as_a_batch():
-    algo = make("fedavg", _mlp(), {"init": "independent"}, train={"clients_per_round": 1, "batched_clients": 4})
-    state = {"model": {"w": torch.ones(1)}}
-    assert algo.batch_start(algo.plan(0)[0], {}) is None
-    assert algo.batch_start(algo.plan(1)[0], state) is state["model"]
-
-
 @pytest.mark.parametrize("name, params, message", [
     *((name, {"init": "random"}, r"\[algorithm.params\]: init = 'random'; choose 'shared'")
       for name in ("fedavg", "fedprox", "moon", "ensemble", "local_only", "fedma")),

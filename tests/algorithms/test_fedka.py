@@ -80,12 +80,14 @@ def test_default_gamma_is_a_uniform_share():
 @pytest.mark.parametrize("counts, classes", [([60, 0, 0, 0, 40], "non_dominant"), ([20, 20, 20, 20, 20], "all")])
 def test_a_client_with_nothing_to_anchor_gets_no_term(counts, classes):
     """At gamma 1/5 every class is dominant, or dominant or missing with classes = non_dominant: T is empty
-    and the term is off (no crash on an empty T)."""
+    and the term is off: zero, with no gradient (no crash on an empty T; T is padded to `size` rows, all masked)."""
     model = nn.Linear(2, 5)
     term = KnowledgeAnchor(KnowledgeAnchor.Params(classes=classes))
-    term.start(model, _client_with(counts), 4, {"model": model.state_dict()})
-    assert term.x.shape == (0, 2)
-    assert term.loss(model, None, None, None, None) is None
+    term.start(model, _client_with(counts), 4, {"model": {k: v + 1 for k, v in model.state_dict().items()}})
+    assert term.x.shape == (10, 2) and not term.rows.any()
+    loss = term.loss(model, None, None, None, None)
+    loss.backward()
+    assert loss.item() == 0.0 and not model.weight.grad.any()
 
 
 def test_anchor_is_down_sampled_to_size():
@@ -104,8 +106,10 @@ def test_knowledge_anchor_loss_drops_dominant_logits_and_reduces_as_configured(r
     term.start(model, _client(), 1, {"model": received})
     # every logit of the global model is the local one + 0.5 * (x_1 + x_2) = + x_1 (both columns of x hold x_1)
     kept = 3                                                          # the non-dominant and missing classes 1, 2, 3
-    squares = (term.x[:, 0] ** 2).sum() * kept                        # summed over T and the kept logits
-    expected = 0.3 * squares / len(term.x) / (kept if reduction == "mean" else 1)
+    anchors = term.x[term.rows]                                       # T, less the padding
+    assert 0 < len(anchors) < len(term.x)
+    squares = (anchors[:, 0] ** 2).sum() * kept                       # summed over T and the kept logits
+    expected = 0.3 * squares / len(anchors) / (kept if reduction == "mean" else 1)
     assert term.loss(model, None, None, None, None).item() == pytest.approx(expected.item(), rel=1e-6)
 
 
@@ -139,7 +143,7 @@ def test_the_anchor_pass_leaves_batchnorm_statistics_alone():
     term = KnowledgeAnchor(KnowledgeAnchor.Params(gamma=0.1, size=1))    # T of one sample: BatchNorm1d in training
     me = _client()                                                    # mode would refuse it
     term.start(model, me, 0, {"model": received})
-    assert len(term.x) == 1
+    assert term.rows.sum() == 1
     before = {k: v.clone() for k, v in model.state_dict().items()}
     loss = term.loss(model, None, None, None, None)
     assert loss.item() == 0.0                                          # the round's start: local = global on T
