@@ -75,7 +75,8 @@ def bytes_exchanged(metrics: dict[str, np.ndarray]) -> np.ndarray:
     return np.cumsum(np.nansum(parts, axis=0)) if parts else np.zeros(0)
 
 
-PER_ROUND = ("round/", "client/", "rank/", "class/", "client_class/")     # arrays with one row per round
+PER_ROUND = ("round/", "client/", "rank/", "class/", "client_class/",     # arrays with one row per round
+             "example/test_correct", "example/local_test_correct")
 
 
 def truncate(results: Results, rounds: int | None = None, max_bytes: float | None = None) -> Results:
