@@ -4,6 +4,7 @@
                                                          [--format md|csv|latex]
     python -m hpcfl.analyze compare RESULTS... --baseline algorithm.name=fedavg [--stat final|last|best_val|rounds]
                                                          [--rounds R | --max-bytes B: at equal rounds or bytes]
+                                                         [--stat selected --select-on METRIC [--select min|max]]
     python -m hpcfl.analyze target RESULTS... --target 0.8 [--baseline algorithm.name=fedavg]
     python -m hpcfl.analyze personal RESULTS...          personalised accuracy across clients
     python -m hpcfl.analyze forgetting RESULTS...        forgetting degree per class and per class role (dominant,
@@ -21,7 +22,11 @@ keys that cannot change the numbers aside) and aggregated over seeds; e.g.
 `table` gives the final value, the mean of the last k evaluations and, for runs with
 data.validation_fraction > 0, the value at the best-validation round (never the best test value).
 `compare` pairs each run with the baseline run of the same seeds and other keys, and gives the paired
-effect with its 95 % t-interval and a verdict (better / worse / inconclusive; hpcfl.analysis.paired).
+effect with its 95 % interval, over seeds and (where the files record per-example bits) the test set's
+examples, and a verdict (better / worse / inconclusive; hpcfl.analysis.paired, hpcfl.analysis.noise).
+`--select-on METRIC [--select min|max]` (table, and compare's --stat selected) reads the metric at the
+round where METRIC is lowest or highest: a paper's own rule, e.g. FedClassAvg's authors' lowest mean
+client test loss, which selects on test data and is never the default.
 Unfinished runs count with their committed rounds and are listed; unreadable files are named on
 stderr, not fatal.
 """
