@@ -153,6 +153,18 @@ def test_the_personalised_mean_weighs_each_clients_examples_by_its_share_and_eac
     assert row["ci95_high"] == pytest.approx(0.25 + half) and half == pytest.approx(0.731575, rel=1e-5)
 
 
+def test_splits_drawn_apart_add_their_variances_rather_than_averaging_their_examples(tmp_path):
+    """Both seeds gain on the second example of client 0, but each seed split its own data, so these
+    are two different examples: per split 2 Var([0, 1/4]) = 1/16, weighted (1/2)^2 each, v_test = 1/32
+    with df = 2 (two terms of 1 df). Averaging them as one example would give 1/16."""
+    for seed in (0, 1):
+        _personal(tmp_path, "fedavg", seed, [2, 4], [[[1, 0], [1, 0, 0, 0]]])
+        _personal(tmp_path, "fedprox", seed, [2, 4], [[[1, 1], [1, 0, 0, 0]]])
+    row = _compare(tmp_path, metric="round/personal_acc_mean")
+    assert row["effect_mean"] == pytest.approx(0.25) and row["test_se"] == pytest.approx(np.sqrt(1 / 32))
+    assert row["ci95_high"] == pytest.approx(0.25 + 4.302653 * np.sqrt(1 / 32), rel=1e-6)
+
+
 def test_files_without_bits_keep_the_seeds_t_interval_and_say_so(tmp_path, capsys):
     for seed, (a, b) in enumerate([(0.6, 0.5), (0.8, 0.6), (0.7, 0.65)]):
         for arm, value in (("fedavg", b), ("fedprox", a)):
