@@ -20,7 +20,7 @@ from scipy import stats as scipy_stats
 
 from hpcfl.analysis.noise import BITS, example_parts, test_variance
 from hpcfl.analysis.results import Results, completed, varying_keys
-from hpcfl.analysis.tables import chosen_rounds, statistic
+from hpcfl.analysis.tables import chosen_rounds, selection_rule, statistic
 
 PAIR_KEYS = ("run.seed", "data.seed")
 LEGEND = {False: "effect: mean ± sample std (ddof 1) over the pairs of seeds of arm - baseline; ci95: the 95 % "
@@ -143,5 +143,5 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
                          "verdict": verdict(low, high, null, higher_is_better)})
         unpaired += [p for i, p in zip(base.index, base["path"], strict=True) if i not in partnered]
     table = pd.DataFrame(rows)
-    table.attrs["legend"] = LEGEND[stat == "rounds"]
+    table.attrs["legend"] = LEGEND[stat == "rounds"] + (f"; {selection_rule(select)}" if stat == "selected" else "")
     return table, sorted(unpaired)

@@ -40,6 +40,14 @@ def _selected(evaluated: np.ndarray, key: np.ndarray | None, direction: str) -> 
 STATISTICS = ("final", "last", "best_val", "selected", "rounds")
 
 
+def selection_rule(select: tuple[str, str]) -> str:
+    """The `selected` figure's rule in words, for a table's legend; a rule on a test metric says that
+    it selects on test data (what some papers' code does; never hpcfl's default)."""
+    on, direction = select
+    warning = ": a selection on test data, optimistic" if "test" in on else ""
+    return f"selected: at the round of the {direction} of {on}{warning}"
+
+
 def chosen_rounds(series: dict[str, np.ndarray], stat: str, metric: str, last: int = 10,
                   select: tuple[str, str] | None = None) -> np.ndarray:
     """The rounds whose values of `metric` a run's figure averages (one round, or the last k): the last
@@ -54,8 +62,6 @@ def chosen_rounds(series: dict[str, np.ndarray], stat: str, metric: str, last: i
     if stat == "last":
         return evaluated[-last:]
     if stat in ("best_val", "selected"):
-        if stat == "selected" and select is None:
-            raise ValueError("the selected statistic needs the round's rule (--select-on METRIC [--select min|max])")
         on, direction = SELECTION if stat == "best_val" else select
         key = round_means(series, on)
         return _selected(evaluated, key, direction)
@@ -72,6 +78,8 @@ def statistic(series: dict[str, np.ndarray], stat: str, metric: str, last: int =
               target: float | None = None, select: tuple[str, str] | None = None) -> float:
     """One run's figure for `metric`: its mean over chosen_rounds, or the rounds to reach `target` (NaN
     if never); NaN where the metric, or the selection's, was not recorded."""
+    if stat == "selected" and select is None:
+        raise ValueError("the selected statistic needs the round's rule (--select-on METRIC [--select min|max])")
     if metric not in series:
         return np.nan
     if stat == "rounds":
@@ -108,7 +116,7 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
                                    **{f"{name}_{fn}": (name, agg) for name in stats
                                       for fn, agg in (("mean", "mean"), ("std", spread))})
-    rule = "" if not select else f"; selected: at the round of the {select[1]} of {select[0]}"
+    rule = f"; {selection_rule(select)}" if select else ""
     table = table.reset_index()
     table.attrs["legend"] = f"{metric}: mean ± population std (ddof 0) over each group's completed runs{rule}"
     return table

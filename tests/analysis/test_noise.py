@@ -201,7 +201,10 @@ def test_the_authors_rule_reads_the_round_of_lowest_mean_client_test_loss(tmp_pa
     table = summary(load([tmp_path], metrics=READ), ["algorithm.name"],
                     "round/personal_acc_mean", select=select)
     assert table.iloc[0]["selected_mean"] == pytest.approx(1.0)
-    assert "selected: at the round of the min of client/local_test_loss" in render(table)
+    assert ("selected: at the round of the min of client/local_test_loss: a selection on test data, optimistic"
+            in render(table))
+    assert main(["compare", str(tmp_path), "--baseline", "algorithm.name=fedclassavg", "--stat", "selected"]) == 2
+    assert "--select-on" in capsys.readouterr().err
     assert main(["table", str(tmp_path), "--metric", "round/personal_acc_mean",
                  "--select-on", "client/local_test_loss"]) == 0
     captured = capsys.readouterr()
