@@ -5,12 +5,15 @@ varies within an arm (a grid key; a key fixed within each arm, such as algorithm
 run.arm's arms, describes the arm) and the same seeds (run.seed and the split's data.seed). Pairing
 removes what the seed does to both arms alike (the split, the initialisation, the cohorts), which for
 FL on non-IID splits is often larger than the effect under study. Per group and arm the table gives
-the paired differences' mean, std and number n, a 95 % t-interval for the mean, and a verdict: `better`
+the paired differences' mean, std and number n, a 95 % interval for the mean, and a verdict: `better`
 or `worse` when the interval excludes no-effect, `inconclusive` when it contains it (or n < 2); the
-interval's half-width is the smallest effect these runs could have resolved.
+interval's half-width is the smallest effect these runs could have resolved. The interval is a
+t-interval over the seeds, widened by the test set's own sampling error where the runs recorded
+their per-example correctness (hpcfl.analysis.noise), which no number of seeds averages away.
 
 The statistic of each run is one of hpcfl.analysis.tables.STATISTICS: the final evaluated value, the
-mean of the last k, the value at the best-validation round, or the rounds to reach a target; for
+mean of the last k, the value at the best-validation round or at a given rule's round
+(tables.chosen_rounds), or the rounds to reach a target; for
 rounds the per-pair figure is the speed-up (baseline rounds / arm rounds, no-effect 1), for the others
 the difference arm - baseline (no-effect 0). Lower is better for metrics whose name ends in "loss".
 """
