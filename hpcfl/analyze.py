@@ -4,6 +4,7 @@
                                                          [--format md|csv|latex]
     python -m hpcfl.analyze compare RESULTS... --baseline algorithm.name=fedavg [--stat final|last|best_val|rounds]
                                                          [--rounds R | --max-bytes B: at equal rounds or bytes]
+                                                         [--stat selected --select-on METRIC [--select min|max]]
     python -m hpcfl.analyze target RESULTS... --target 0.8 [--baseline algorithm.name=fedavg]
     python -m hpcfl.analyze personal RESULTS...          personalised accuracy across clients
     python -m hpcfl.analyze forgetting RESULTS...        forgetting degree per class and per class role (dominant,
@@ -21,7 +22,11 @@ keys that cannot change the numbers aside) and aggregated over seeds; e.g.
 `table` gives the final value, the mean of the last k evaluations and, for runs with
 data.validation_fraction > 0, the value at the best-validation round (never the best test value).
 `compare` pairs each run with the baseline run of the same seeds and other keys, and gives the paired
-effect with its 95 % t-interval and a verdict (better / worse / inconclusive; hpcfl.analysis.paired).
+effect with its 95 % interval, over seeds and (where the files record per-example bits) the test set's
+examples, and a verdict (better / worse / inconclusive; hpcfl.analysis.paired, hpcfl.analysis.noise).
+`--select-on METRIC [--select min|max]` (table, and compare's --stat selected) reads the metric at the
+round where METRIC is lowest or highest: a paper's own rule, e.g. FedClassAvg's authors' lowest mean
+client test loss, which selects on test data and is never the default.
 Unfinished runs count with their committed rounds and are listed; unreadable files are named on
 stderr, not fatal.
 """
@@ -31,6 +36,7 @@ from pathlib import Path
 
 from hpcfl.analysis import load, render, rounds_to_target, summary
 from hpcfl.analysis.export import TARGETS, VIEW, export
+from hpcfl.analysis.noise import NEEDS as NOISE_NEEDS
 from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
 from hpcfl.analysis.results import truncate, varying_keys
@@ -58,6 +64,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         sub.add_argument("--format", choices=["md", "csv", "latex"], default="md")
         if name in ("table", "compare"):
             sub.add_argument("--last", type=int, default=10, help="the last-k mean over this many evaluations")
+            sub.add_argument("--select-on", default=None, metavar="METRIC",
+                             help="the selected figure: the metric at the round where METRIC (a client/... one: its "
+                             "cohort mean) is lowest or highest, e.g. client/local_test_loss for FedClassAvg's "
+                             "authors' rule; a test metric selects on test data, which flatters")
+            sub.add_argument("--select", choices=["min", "max"], default=None,
+                             help="with --select-on: the lowest or highest (default: min for a loss, else max)")
         if name in ("table", "compare", "target"):
             sub.add_argument("--rounds", type=int, default=None, help="read every run's first R rounds only "
                              "(equal rounds for runs of different lengths)")
@@ -67,7 +79,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             sub.add_argument("--baseline", required=True,
                              help="KEY=VALUE of the reference arm, e.g. algorithm.name=fedavg")
             sub.add_argument("--stat", choices=STATISTICS, default="final",
-                             help="each run's figure (rounds: needs --target)")
+                             help="each run's figure (rounds: needs --target; selected: --select-on)")
             sub.add_argument("--target", type=float, default=None,
                              help="with --stat rounds: rounds to reach this value")
         if name == "target":
@@ -87,6 +99,17 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     export.add_argument("--to", choices=TARGETS, default="tensorboard")
     export.add_argument("--out", required=True, help="the folder to write (one sub-folder per run)")
     return parser
+
+
+def _selection(args) -> tuple[str, str] | None:
+    """(metric, "min" | "max") of --select-on / --select, the rule of the `selected` figure; None if not asked."""
+    on = getattr(args, "select_on", None)
+    if on is None:
+        return None
+    if "test" in on:
+        sys.stderr.write(f"hpcfl: note: the selected round is chosen on {on}, a test metric: selection on test data "
+                         "(as FedClassAvg's authors did), optimistic; hpcfl's default is best_val\n")
+    return on, args.select or ("min" if on.endswith("loss") else "max")
 
 
 def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
@@ -111,7 +134,9 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
         return 0
     names, prefixes = NEEDS[args.command]
     max_bytes = getattr(args, "max_bytes", None)
-    results = load(args.results, metrics=(args.metric, SELECTION) if names is None else names,
+    select = _selection(args)
+    reads = (args.metric, SELECTION[0], *NOISE_NEEDS, *(select[:1] if select else ()))
+    results = load(args.results, metrics=reads if names is None else names,
                    prefixes=(*prefixes, "round/bytes_") if max_bytes is not None else prefixes)
     for problem in results.problems:
         sys.stderr.write(f"hpcfl: skipped: {problem}\n")
@@ -136,12 +161,12 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
     try:
         if args.command == "compare":
             table, unpaired = compare(results, dict([args.baseline.split("=", 1)]), args.stat, args.metric, args.last,
-                                      args.target, args.by)
+                                      args.target, args.by, select)
             for path in unpaired:
                 sys.stderr.write(f"hpcfl: note: {path} has no partner run (same seeds and keys) in the other arm\n")
             sys.stdout.write(render(table, args.format))
             return 0
-        table = {"table": lambda: summary(results, by, args.metric, args.last),
+        table = {"table": lambda: summary(results, by, args.metric, args.last, select),
                  "target": lambda: rounds_to_target(results, args.target, by,
                                                     dict([args.baseline.split("=", 1)]) if args.baseline else None,
                                                     args.metric),

@@ -1,6 +1,7 @@
 """The composition root: a job file read, overridden and checked against everything hpcfl knows
 (the registries of algorithms, models, data sets and loss terms, plug-ins included), before any
 rank trains. hpcfl.config parses and checks each key on its own and imports nothing of hpcfl."""
+from dataclasses import asdict
 from pathlib import Path
 
 from hpcfl.config import JobConfig, apply_overrides, parse_job, read_job_file
@@ -26,15 +27,34 @@ def job_from_dict(raw: dict) -> JobConfig:
     return job
 
 
+def resolved_params(job: JobConfig) -> dict:
+    """Every parameter table as the run uses it, each one's dataclass defaults merged with what the job
+    set, checked: {"algorithm": {"params", "terms"}, "model": {"params"}, "data": {"partition_params"}}
+    in the job file's own form (model params flat for one architecture, a table per architecture for
+    several). A job records only what it wrote, which says nothing of the defaults it ran with (and
+    those may change between versions); the result file records these beside it (root attribute
+    `resolved`), so that the analysis groups and pairs runs by the values they ran with."""
+    from hpcfl.algorithms import algorithm_params
+    from hpcfl.data.partition import check_params
+    from hpcfl.models import model_options
+    from hpcfl.terms import term_params
+
+    options = model_params(job.model.params, {name: model_options(name) for name in job.architectures})
+    models = {name: asdict(value) for name, value in options.items()}
+    partition = check_params(job.data.partition, job.data.partition_params)          # checked in this order
+    algorithm = asdict(algorithm_params(job.algorithm.name, job.algorithm.params))
+    terms = {name: asdict(term_params(name, raw)) for name, raw in job.algorithm.terms.items()}
+    return {"algorithm": {"params": algorithm, "terms": terms}, "data": {"partition_params": partition},
+            "model": {"params": models if len(models) > 1 else next(iter(models.values()))}}
+
+
 def check_registries(job: JobConfig) -> None:
     """Every name resolved in its registry (plug-ins imported, on every rank), every parameter table
     checked against its dataclass, and the algorithm's own rules on the whole job."""
     # Imported here: the registries pull in torch, which reading a job file alone does not need.
-    from hpcfl.algorithms import ALGORITHMS, algorithm_params
+    from hpcfl.algorithms import ALGORITHMS
     from hpcfl.data.datasets import DATASETS
-    from hpcfl.data.partition import check_params
-    from hpcfl.models import MODELS, model_options
-    from hpcfl.terms import term_params
+    from hpcfl.models import MODELS
     from hpcfl.training.batched import check_job as check_batched
 
     named = [("data.dataset", job.data.dataset, DATASETS), ("model.name", job.model.name, MODELS),
@@ -42,11 +62,7 @@ def check_registries(job: JobConfig) -> None:
     named += [("model.architectures", name, MODELS) for name in job.model.architectures]
     for key, name, registry in named:
         registry.resolve(name, key)             # a plug-in is imported here, on every rank, before set-up
-    model_params(job.model.params, {name: model_options(name) for name in job.architectures})
-    check_params(job.data.partition, job.data.partition_params)
-    algorithm_params(job.algorithm.name, job.algorithm.params)
-    for name, raw in job.algorithm.terms.items():
-        term_params(name, raw)
+    resolved_params(job)
     algorithm = ALGORITHMS[job.algorithm.name]
     algorithm.check(job)
     if job.train.batched_clients:

@@ -157,7 +157,7 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     from hpcfl.errors import TrainingFault
-    from hpcfl.jobs import load_job
+    from hpcfl.jobs import load_job, resolved_params
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import STOP, RunCompleted
@@ -167,7 +167,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     try:
         config = load_job(args.job, overrides, allow_sweep=allow_sweep)
         if args.check:
-            print(config.to_json(), flush=True)
+            print(json.dumps({**config.to_dict(), "resolved": resolved_params(config)}, sort_keys=True), flush=True)
             return Exit.DONE
         transport, local_rank = make_transport()
         transport.timeout_s = config.run.round_timeout_s

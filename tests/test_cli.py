@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import h5py
@@ -12,8 +13,10 @@ import pytest
 from helpers import MPIRUN, assert_same_metrics, launch, run_metrics
 
 import hpcfl
+from hpcfl.algorithms import ALGORITHMS
 from hpcfl.cli import main
 from hpcfl.errors import EXIT_MEANING, Exit
+from hpcfl.models import model_options
 from hpcfl.runtime.lock import STALE_S, lock_path
 
 SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip installed beside this Python
@@ -33,8 +36,11 @@ def test_help_lists_every_command_and_every_exit_status(capsys):
 
 def test_check_prints_the_resolved_job_and_refuses_a_bad_one(tiny_job, capsys):
     job = tiny_job()
-    assert main(["check", str(job), "--set", "train.lr=0.5"]) == Exit.DONE
-    assert json.loads(capsys.readouterr().out)["train"]["lr"] == 0.5
+    assert main(["check", str(job), "--set", "train.lr=0.5", "--set", "algorithm.name=fedavgm"]) == Exit.DONE
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["train"]["lr"] == 0.5 and printed["algorithm"]["params"] == {}     # what the job wrote
+    assert printed["resolved"]["algorithm"]["params"] == asdict(ALGORITHMS["fedavgm"].Params())   # what it runs with
+    assert printed["resolved"]["model"]["params"] == asdict(model_options("fmnist_cnn")())
     assert main(["check", str(job), "--set", "train.optimiser=adam"]) == Exit.BAD_INPUT
     assert "optimiser" in capsys.readouterr().err
 

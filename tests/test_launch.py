@@ -1,14 +1,16 @@
 """The runner end to end through its command line, on real data (scikit-learn digits, Fashion-MNIST)."""
 import socket
 import time
+from dataclasses import asdict
 
 import h5py
 import numpy as np
 import pytest
 from helpers import FAULT_LAUNCHER, assert_same_metrics, launch, run_metrics
 
+from hpcfl.algorithms import ALGORITHMS
 from hpcfl.metrics import read_run
-from hpcfl.models import build_model, count_parameters
+from hpcfl.models import build_model, count_parameters, model_options
 
 
 def test_one_process_and_three_ranks_give_the_same_metrics(tiny_job, tmp_path):
@@ -38,6 +40,10 @@ def test_result_file_records_the_run(tiny_job, tmp_path):
     assert run.rounds == 2 and run.attrs["status"] == "completed"
     assert run.attrs["config"]["train"]["lr"] == 0.1 and run.attrs["world_size"] == 1
     assert run.attrs["hostnames"] == [socket.gethostname()] and run.attrs["versions"]["torch"]
+    assert run.attrs["config"]["algorithm"]["params"] == {}                     # the job set none: the defaults
+    assert run.attrs["resolved"] == {"algorithm": {"params": asdict(ALGORITHMS["fedavg"].Params()), "terms": {}},
+                                     "model": {"params": asdict(model_options("fmnist_cnn")())},
+                                     "data": {"partition_params": {"beta": 0.5}}}
     setup_peak = run.attrs["setup_max_rss_bytes"]
     assert len(setup_peak) == 1 and setup_peak[0] > 200 * 2 ** 20       # torch and the data are in set-up's peak
     setup_s = run.attrs["setup_s"]

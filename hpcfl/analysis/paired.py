@@ -5,12 +5,15 @@ varies within an arm (a grid key; a key fixed within each arm, such as algorithm
 run.arm's arms, describes the arm) and the same seeds (run.seed and the split's data.seed). Pairing
 removes what the seed does to both arms alike (the split, the initialisation, the cohorts), which for
 FL on non-IID splits is often larger than the effect under study. Per group and arm the table gives
-the paired differences' mean, std and number n, a 95 % t-interval for the mean, and a verdict: `better`
+the paired differences' mean, std and number n, a 95 % interval for the mean, and a verdict: `better`
 or `worse` when the interval excludes no-effect, `inconclusive` when it contains it (or n < 2); the
-interval's half-width is the smallest effect these runs could have resolved.
+interval's half-width is the smallest effect these runs could have resolved. The interval is a
+t-interval over the seeds, widened by the test set's own sampling error where the runs recorded
+their per-example correctness (hpcfl.analysis.noise), which no number of seeds averages away.
 
 The statistic of each run is one of hpcfl.analysis.tables.STATISTICS: the final evaluated value, the
-mean of the last k, the value at the best-validation round, or the rounds to reach a target; for
+mean of the last k, the value at the best-validation round or at a given rule's round
+(tables.chosen_rounds), or the rounds to reach a target; for
 rounds the per-pair figure is the speed-up (baseline rounds / arm rounds, no-effect 1), for the others
 the difference arm - baseline (no-effect 0). Lower is better for metrics whose name ends in "loss".
 """
@@ -18,10 +21,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from hpcfl.analysis.noise import BITS, example_parts, test_variance
 from hpcfl.analysis.results import Results, completed, varying_keys
-from hpcfl.analysis.tables import statistic
+from hpcfl.analysis.tables import chosen_rounds, selection_rule, statistic
 
 PAIR_KEYS = ("run.seed", "data.seed")
+LEGEND = {False: "effect: mean ± sample std (ddof 1) over the pairs of seeds of arm - baseline; ci95: the 95 % "
+                 "interval of the mean, over seeds and, where test_se is given, the test set's examples",
+          True: "effect: mean ± sample std (ddof 1) over the pairs of seeds of the speed-up (baseline rounds / arm "
+                "rounds); ci95: the 95 % t-interval of the mean over seeds"}       # by stat == "rounds"
 
 
 def _split_seed(runs: pd.DataFrame) -> pd.Series:
@@ -33,15 +41,41 @@ def _split_seed(runs: pd.DataFrame) -> pd.Series:
     return own.where(own != -1, runs["run.seed"])
 
 
-def interval(effects: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """(mean, std, low, high) of the mean of paired effects, a Student t-interval; NaN bounds for n < 2."""
+def interval(effects: np.ndarray, terms: list[tuple[float, int]] = (),
+             confidence: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, std, low, high) of the mean of paired effects: Student's t-interval over the seeds, widened
+    by the independent `terms` ((variance, degrees of freedom): the test set's, hpcfl.analysis.noise)
+    to a t-interval on s^2 / n + their variances with Welch-Satterthwaite's degrees of freedom. Never
+    narrower than the seeds' own: with few seeds and a well-known test term Welch-Satterthwaite's degrees
+    of freedom grow faster than the variance, which would make more noise read as more certainty. NaN
+    bounds for n < 2 (the seeds' variance unknown). `std` is the effects' sample std over seeds."""
     n = len(effects)
     mean = float(np.mean(effects)) if n else np.nan
     if n < 2:
         return mean, np.nan, np.nan, np.nan
     std = float(np.std(effects, ddof=1))
-    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / np.sqrt(n)
+    quantile = 0.5 + confidence / 2
+    half = float(scipy_stats.t.ppf(quantile, n - 1)) * std / np.sqrt(n)
+    parts = [(std ** 2 / n, n - 1), *terms]
+    variance, spread = sum(v for v, _ in parts), sum(v ** 2 / df for v, df in parts)
+    if terms and spread > 0:
+        half = max(half, float(scipy_stats.t.ppf(quantile, variance ** 2 / spread)) * np.sqrt(variance))
     return mean, std, mean - half, mean + half
+
+
+def _test_terms(results: Results, figure: tuple, index, arm_paths, base_paths) -> list[tuple[float, int]] | None:
+    """The test set's variance terms of these pairs' mean effect (hpcfl.analysis.noise), each run's
+    example parts read at the rounds its figure (stat, metric, last, select) reads; None when a run
+    recorded no bits."""
+    stat, metric, last, select = figure
+    pairs = []
+    for (_, split), *paths in zip(index, arm_paths, base_paths, strict=True):
+        parts = [example_parts(results.series[p], metric, chosen_rounds(results.series[p], stat, metric, last, select))
+                 for p in paths]
+        if any(part is None for part in parts):
+            return None
+        pairs.append((split, *parts))
+    return test_variance(metric, pairs)
 
 
 def verdict(low: float, high: float, null: float, higher_is_better: bool) -> str:
@@ -51,11 +85,15 @@ def verdict(low: float, high: float, null: float, higher_is_better: bool) -> str
 
 
 def compare(results: Results, baseline: dict, stat: str = "final", metric: str = "round/test_acc",
-            last: int = 10, target: float | None = None, by: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
+            last: int = 10, target: float | None = None, by: list[str] | None = None,
+            select: tuple[str, str] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Per group of `by` keys (default: every other key that varies) and arm, the paired effect of the
     arm over `baseline` ({key: value}, one key). Returns the table and the runs that found no partner.
     A pair in which either run did not complete (diverged, interrupted, running) gives no effect; when
-    there is such a pair, a column `unfinished` counts them beside n."""
+    there is such a pair, a column `unfinished` counts them beside n. For a metric with per-example
+    bits (hpcfl.analysis.noise.BITS) and a statistic other than rounds, a column `test_se` gives the
+    test set's standard error of the mean effect, which the interval includes, or `not recorded` where
+    a run of the pairs has no bits (files written before them): then the interval is the seeds' alone."""
     if len(baseline) != 1:
         raise ValueError(f"--baseline names one KEY=VALUE, got {baseline}")
     (key, reference), = baseline.items()
@@ -66,7 +104,8 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
         raise ValueError(f"--stat rounds counts rounds until {metric} >= --target, which a falling loss never means; "
                          "use an accuracy")
     runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].astype(str), "#done": completed(runs),
-                          "#value": [statistic(results.series[p], stat, metric, last, target) for p in runs["path"]]})
+                          "#value": [statistic(results.series[p], stat, metric, last, target, select)
+                                     for p in runs["path"]]})
     runs.loc[~runs["#done"], "#value"] = np.nan       # a truncated series has no final figure
     if not (runs["#arm"] == str(reference)).any():
         raise ValueError(f"no run has {key} = {reference}; values: {sorted(runs['#arm'].unique())}")
@@ -92,10 +131,20 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
             unpaired += [p for i, p in zip(mine.index, mine["path"], strict=True) if i not in shared]
             a, b = mine.loc[shared, "#value"].to_numpy(float), base.loc[shared, "#value"].to_numpy(float)
             effects = b / a if stat == "rounds" else a - b
-            mean, std, low, high = interval(effects[np.isfinite(effects)])
+            kept = np.isfinite(effects)
+            terms, noise = (), {}
+            if stat != "rounds" and metric in BITS:
+                found = _test_terms(results, (stat, metric, last, select), shared[kept],
+                                    mine.loc[shared[kept], "path"], base.loc[shared[kept], "path"])
+                terms = found or ()
+                noise = {"test_se": "not recorded" if found is None else float(np.sqrt(sum(v for v, _ in found)))}
+            mean, std, low, high = interval(effects[kept], terms)
             spoilt = int((~(mine.loc[shared, "#done"].to_numpy() & base.loc[shared, "#done"].to_numpy())).sum())
-            rows.append({**dict(zip(groups, values, strict=True)), key: arm, "n": int(np.isfinite(effects).sum()),
+            rows.append({**dict(zip(groups, values, strict=True)), key: arm, "n": int(kept.sum()),
                          **({"unfinished": spoilt} if unfinished else {}), "effect_mean": mean, "effect_std": std,
-                         "ci95_low": low, "ci95_high": high, "verdict": verdict(low, high, null, higher_is_better)})
+                         **noise, "ci95_low": low, "ci95_high": high,
+                         "verdict": verdict(low, high, null, higher_is_better)})
         unpaired += [p for i, p in zip(base.index, base["path"], strict=True) if i not in partnered]
-    return pd.DataFrame(rows), sorted(unpaired)
+    table = pd.DataFrame(rows)
+    table.attrs["legend"] = LEGEND[stat == "rounds"] + (f"; {selection_rule(select)}" if stat == "selected" else "")
+    return table, sorted(unpaired)

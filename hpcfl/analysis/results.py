@@ -50,6 +50,17 @@ def flatten(config: dict, prefix: str = "") -> dict:
     return out
 
 
+def ran_with(attrs: dict) -> dict:
+    """A run's job as the analysis groups and pairs it: what the job wrote (root attribute `config`),
+    each parameter table replaced by its form resolved with the defaults (root attribute `resolved`,
+    hpcfl.jobs.resolved_params), so that a run that left a default out and one that wrote it agree.
+    Files from before `resolved` give what they wrote."""
+    config = dict(current_names(attrs.get("config", {}), warn=False))
+    for section, tables in attrs.get("resolved", {}).items():
+        config[section] = {**config.get(section, {}), **tables}
+    return config
+
+
 def load(paths, metrics=("round/test_acc",), prefixes=()) -> Results:
     """Read the files (and folders) `paths`, keeping each run's datasets named in `metrics`
     ("round/test_acc", "final/feature_nmi", ...) and those whose names start with `prefixes`."""
@@ -62,7 +73,7 @@ def load(paths, metrics=("round/test_acc",), prefixes=()) -> Results:
             problems.append(str(err))
             continue
         rows.append({"path": str(path), "status": run.attrs.get("status", "running"), "rounds": run.rounds,
-                     **flatten(current_names(run.attrs.get("config", {}), warn=False))})
+                     **flatten(ran_with(run.attrs))})
         series[str(path)] = {name: np.atleast_1d(np.asarray(value, dtype=float)) for name, value in run.arrays.items()
                              if name in metrics or (prefixes and name.startswith(prefixes))}
     return Results(pd.DataFrame(rows), series, problems)
@@ -75,7 +86,8 @@ def bytes_exchanged(metrics: dict[str, np.ndarray]) -> np.ndarray:
     return np.cumsum(np.nansum(parts, axis=0)) if parts else np.zeros(0)
 
 
-PER_ROUND = ("round/", "client/", "rank/", "class/", "client_class/")     # arrays with one row per round
+PER_ROUND = ("round/", "client/", "rank/", "class/", "client_class/",     # arrays with one row per round
+             "example/test_correct", "example/local_test_correct")
 
 
 def truncate(results: Results, rounds: int | None = None, max_bytes: float | None = None) -> Results:

@@ -10,28 +10,62 @@ import pandas as pd
 from hpcfl.analysis.results import Results, completed
 from hpcfl.data.splits import class_categories
 
-SELECTION = "round/val_acc"       # what picks a run's round: the global model on the clients' held-out data
+SELECTION = ("round/val_acc", "max")   # what picks a run's round: the global model on the clients' held-out data
 
 
-def _final(values: np.ndarray) -> float:
-    """The last evaluated value (rounds without evaluation are NaN)."""
-    finite = values[np.isfinite(values)]
-    return float(finite[-1]) if len(finite) else np.nan
+def round_means(series: dict[str, np.ndarray], metric: str) -> np.ndarray | None:
+    """A per-round metric as recorded; a round x client one (client/...) as its mean over the clients
+    that have a value that round, the cohort (NaN in a round where none has). None if not recorded."""
+    values = series.get(metric)
+    if values is None or values.ndim == 1:
+        return values
+    present = np.isfinite(values)
+    counts = present.sum(axis=1)
+    return np.where(counts > 0, np.where(present, values, 0.0).sum(axis=1) / np.maximum(counts, 1), np.nan)
 
 
-def _last_mean(values: np.ndarray, k: int) -> float:
-    """The mean of the last k evaluated values: less noisy than the final round alone."""
-    finite = values[np.isfinite(values)]
-    return float(finite[-k:].mean()) if len(finite) else np.nan
+def _selected(evaluated: np.ndarray, key: np.ndarray | None, direction: str) -> np.ndarray:
+    """The (first) evaluated round at which `key` is highest ("max") or lowest ("min"), among the rounds
+    that have it; none without it."""
+    if key is None:
+        return evaluated[:0]
+    both = evaluated[evaluated < len(key)]
+    both = both[np.isfinite(key[both])]
+    if not len(both):
+        return both
+    pick = np.argmax(key[both]) if direction == "max" else np.argmin(key[both])
+    return both[pick:pick + 1]
 
 
-def _at_best(values: np.ndarray, selection: np.ndarray | None) -> float:
-    """The value at the (first) round whose validation accuracy is highest among the rounds that have
-    both; NaN without validation. Selecting on the test accuracy itself would flatter every method."""
-    if selection is None:
-        return np.nan
-    both = np.flatnonzero(np.isfinite(values) & np.isfinite(selection[:len(values)]))
-    return float(values[both[np.argmax(selection[both])]]) if len(both) else np.nan
+STATISTICS = ("final", "last", "best_val", "selected", "rounds")
+
+
+def selection_rule(select: tuple[str, str]) -> str:
+    """The `selected` figure's rule in words, for a table's legend; a rule on a test metric says that
+    it selects on test data (what some papers' code does; never hpcfl's default)."""
+    on, direction = select
+    warning = ": a selection on test data, optimistic" if "test" in on else ""
+    return f"selected: at the round of the {direction} of {on}{warning}"
+
+
+def chosen_rounds(series: dict[str, np.ndarray], stat: str, metric: str, last: int = 10,
+                  select: tuple[str, str] | None = None) -> np.ndarray:
+    """The rounds whose values of `metric` a run's figure averages (one round, or the last k): the last
+    evaluated round ("final"), the last `last` evaluated ("last": less noisy than one round), the round
+    of highest round/val_acc ("best_val": selecting on the test accuracy itself would flatter every
+    method) or the round `select` = (metric, "min" | "max") picks ("selected"; a client/... metric by its
+    cohort mean). The figure's per-example parts (hpcfl.analysis.noise) are read at the same rounds."""
+    values = series[metric]
+    evaluated = np.flatnonzero(np.isfinite(values))
+    if stat == "final":
+        return evaluated[-1:]
+    if stat == "last":
+        return evaluated[-last:]
+    if stat in ("best_val", "selected"):
+        on, direction = SELECTION if stat == "best_val" else select
+        key = round_means(series, on)
+        return _selected(evaluated, key, direction)
+    raise ValueError(f"statistic {stat!r}: choose one of {list(STATISTICS)}")
 
 
 def _first_reaching(values: np.ndarray, target: float) -> float:
@@ -40,45 +74,37 @@ def _first_reaching(values: np.ndarray, target: float) -> float:
     return float(hits[0] + 1) if len(hits) else np.nan
 
 
-STATISTICS = ("final", "last", "best_val", "rounds")
-
-
 def statistic(series: dict[str, np.ndarray], stat: str, metric: str, last: int = 10,
-              target: float | None = None) -> float:
-    """One run's figure for `metric`: the final evaluated value, the mean of the `last` evaluated
-    values, the value at the best-validation round, or the rounds to reach `target` (NaN if never)."""
+              target: float | None = None, select: tuple[str, str] | None = None) -> float:
+    """One run's figure for `metric`: its mean over chosen_rounds, or the rounds to reach `target` (NaN
+    if never); NaN where the metric, or the selection's, was not recorded."""
+    if stat == "selected" and select is None:
+        raise ValueError("the selected statistic needs the round's rule (--select-on METRIC [--select min|max])")
     if metric not in series:
         return np.nan
-    values = series[metric]
-    if stat == "final":
-        return _final(values)
-    if stat == "last":
-        return _last_mean(values, last)
-    if stat == "best_val":
-        return _at_best(values, series.get(SELECTION))
     if stat == "rounds":
         if target is None:
             raise ValueError("the rounds statistic needs a target (--target)")
-        return _first_reaching(values, target)
-    raise ValueError(f"statistic {stat!r}: choose one of {list(STATISTICS)}")
-
-
-def _per_run(results: Results, metric: str, fn) -> pd.Series:
-    return results.runs["path"].map(lambda p: fn(results.series[p][metric]) if metric in results.series[p] else np.nan)
+        return _first_reaching(series[metric], target)
+    rounds = chosen_rounds(series, stat, metric, last, select)
+    return float(series[metric][rounds].mean()) if len(rounds) else np.nan
 
 
 def _per_run_stat(results: Results, stat: str, metric: str, **options) -> pd.Series:
     return results.runs["path"].map(lambda p: statistic(results.series[p], stat, metric, **options))
 
 
-def summary(results: Results, by: list[str], metric: str = "round/test_acc", last: int = 10) -> pd.DataFrame:
+def summary(results: Results, by: list[str], metric: str = "round/test_acc", last: int = 10,
+            select: tuple[str, str] | None = None) -> pd.DataFrame:
     """Per group of `by` keys: runs, then the final `metric`, its mean over the last `last` evaluated
     rounds and (runs with data.validation_fraction > 0) its value at the best-validation round, each as
-    mean and std over the group's completed runs. No column selects on the test accuracy itself. When
-    a run did not complete (diverged, interrupted, still running) a column `unfinished` counts them
-    per group: their truncated series enter no figure, and leaving them out silently would flatter."""
-    stats = {"final": "final", f"last{last}": "last", "best_val": "best_val"}
-    runs = results.runs.assign(**{name: _per_run_stat(results, stat, metric, last=last)
+    mean and std (ddof 0) over the group's completed runs; with `select` (chosen_rounds), its value at
+    that rule's round too. No column selects on the test accuracy unless `select` asks. When a run did
+    not complete (diverged, interrupted, still running) a column `unfinished` counts them per group:
+    their truncated series enter no figure, and leaving them out silently would flatter."""
+    stats = {"final": "final", f"last{last}": "last", "best_val": "best_val",
+             **({"selected": "selected"} if select else {})}
+    runs = results.runs.assign(**{name: _per_run_stat(results, stat, metric, last=last, select=select)
                                   for name, stat in stats.items()})
     done = completed(runs)
     runs.loc[~done, list(stats)] = np.nan
@@ -90,7 +116,10 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
                                    **{f"{name}_{fn}": (name, agg) for name in stats
                                       for fn, agg in (("mean", "mean"), ("std", spread))})
-    return table.reset_index()
+    rule = f"; {selection_rule(select)}" if select else ""
+    table = table.reset_index()
+    table.attrs["legend"] = f"{metric}: mean ± population std (ddof 0) over each group's completed runs{rule}"
+    return table
 
 
 def rounds_to_target(results: Results, target: float, by: list[str], baseline: dict | None = None,
@@ -115,7 +144,7 @@ def _grouped(runs: pd.DataFrame, by: list[str]):
 def personalised(results: Results, by: list[str]) -> pd.DataFrame:
     """Per group: the final mean personalised accuracy over the cohort's clients and its std across
     clients, each averaged over the group's runs."""
-    runs = results.runs.assign(**{name: _per_run(results, f"round/personal_acc_{stat}", _final)
+    runs = results.runs.assign(**{name: _per_run_stat(results, "final", f"round/personal_acc_{stat}")
                                   for name, stat in (("personal_mean", "mean"), ("std_across_clients", "std"))})
     return _grouped(runs, by).agg(runs=("path", "size"), personal_mean=("personal_mean", "mean"),
                                   std_across_clients=("std_across_clients", "mean")).reset_index()
@@ -196,17 +225,21 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 
 
 def render(table: pd.DataFrame, fmt: str = "md") -> str:
-    """The table as Markdown ("md"), CSV (raw numbers) or LaTeX (a tabular)."""
+    """The table as Markdown ("md"), CSV (raw numbers) or LaTeX (a tabular). The table's legend
+    (attrs["legend"]: what its "±" means) follows a Markdown table after a blank line, a LaTeX one as
+    a comment; CSV names its columns _mean and _std."""
     if fmt == "csv":
         return table.to_csv(index=False)
     columns, rows = _cells(table)
+    legend = table.attrs.get("legend")
     if fmt == "md":
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+        lines += ["| " + " | ".join(r) + " |" for r in rows] + (["", legend] if legend else [])
+        return "\n".join(lines) + "\n"
     if fmt == "latex":
         escape = lambda text: text.replace("_", r"\_").replace("±", r"$\pm$")      # noqa: E731
         lines = [r"\begin{tabular}{" + "l" * len(columns) + "}", r"\hline",
                  " & ".join(escape(c) for c in columns) + r" \\", r"\hline"]
         lines += [" & ".join(escape(c) for c in r) + r" \\" for r in rows]
-        return "\n".join(lines + [r"\hline", r"\end{tabular}"]) + "\n"
+        return "\n".join(lines + [r"\hline", r"\end{tabular}"] + ([f"% {legend}"] if legend else [])) + "\n"
     raise ValueError(f"format {fmt!r}: choose md, csv or latex")

@@ -279,8 +279,9 @@ SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
 
 
 def check_params(scheme: str, params: dict) -> dict:
-    """The scheme's keyword-only settings from `params`, or a ConfigError naming the bad key; types are
-    checked here, with the job file, and ranges that depend on the data by the scheme."""
+    """The scheme's keyword-only settings, `params` with the defaults of those it leaves out, or a
+    ConfigError naming the bad key; types are checked here, with the job file, and ranges that depend
+    on the data by the scheme."""
     if scheme not in SCHEMES:
         raise ConfigError(f"data.partition = {scheme!r} is not a known scheme; valid: {', '.join(sorted(SCHEMES))}")
     sig = inspect.signature(SCHEMES[scheme]).parameters
@@ -296,7 +297,7 @@ def check_params(scheme: str, params: dict) -> dict:
     for key in valid:
         if key not in params and sig[key].default is inspect.Parameter.empty:
             raise ConfigError(f"data.partition_params.{key} is required by partition {scheme!r}")
-    return dict(params)
+    return {key: params.get(key, sig[key].default) for key in valid}
 
 
 def partition(labels: np.ndarray, num_clients: int, scheme: str, params: dict, seed: int,

@@ -1,10 +1,12 @@
-"""Where a result came from: versions, commit, hosts and devices, plug-ins, stored as root attributes."""
+"""Where a result came from: versions, commit, hosts and devices, plug-ins, the parameters resolved
+with their defaults (hpcfl.jobs.resolved_params), stored as root attributes."""
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import hpcfl
 from hpcfl.config import JobConfig
+from hpcfl.jobs import resolved_params
 from hpcfl.plugins import plugins
 
 
@@ -42,6 +44,7 @@ def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
             "setup_max_rss_bytes": [r["setup_max_rss_bytes"] for r in reports],
             "setup_s": [round(r["setup_s"], 4) for r in reports],
             "study": config.run.study, "run": config.run_name, "status": "running",
+            "resolved": resolved_params(config),
             "plugins": plugins({"data.dataset": [config.data.dataset], "model.name": list(config.architectures),
                                 "algorithm.name": [config.algorithm.name],
                                 "algorithm.terms": list(config.algorithm.terms)})}

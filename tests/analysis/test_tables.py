@@ -392,3 +392,25 @@ def test_compare_at_equal_rounds_and_at_equal_bytes(tmp_path, capsys):
     assert list(truncate(results, max_bytes=9e6).runs["rounds"]) == [3, 3, 2, 2]
     args = ["compare", str(tmp_path), "--baseline", "run.arm=A", "--max-bytes", "9e6", "--format", "csv"]
     assert main(args) == 0 and "0.205" in capsys.readouterr().out
+
+
+def test_runs_group_and_pair_by_the_parameters_they_ran_with(tmp_path):
+    """A run that left algorithm.params.mu to its default and one that wrote the default out pair and
+    group together through the recorded `resolved` tables; files without them (from before) read as
+    they were written."""
+    resolved = {"algorithm": {"params": {"mu": 0.01}, "terms": {}}, "data": {"partition_params": {"beta": 0.1}},
+                "model": {"params": {}}}
+    for seed, (base, arm, written) in enumerate([(0.5, 0.6, {}), (0.6, 0.8, {"mu": 0.01})]):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.1, base])                     # no `resolved`: an old file
+        config = {"run": {"seed": seed}, "algorithm": {"name": "fedprox", "params": written},
+                  "data": {"partition": "dirichlet", "partition_params": {"beta": 0.1}}}
+        with Recorder.create(tmp_path / f"fedprox-{seed}.h5", {"config": config, "resolved": resolved}) as recorder:
+            recorder.append_round(0, {"round/test_acc": 0.1})
+            recorder.append_round(1, {"round/test_acc": arm})
+            recorder.set_attr("status", "completed")
+    results = load([tmp_path])
+    assert list(results.runs.sort_values("path")["algorithm.params.mu"].fillna(-1)) == [-1, -1, 0.01, 0.01]
+    table = summary(results, ["algorithm.name", "algorithm.params.mu"])
+    assert list(table["runs"]) == [2, 2]
+    (row,) = compare(results, {"algorithm.name": "fedavg"})[0].to_dict("records")
+    assert row["n"] == 2 and row["effect_mean"] == pytest.approx(0.15)

@@ -470,7 +470,7 @@ def test_each_partition_rule_accepts_its_boundary(scheme, params, num_clients):
 
 def test_check_params_integer_settings_fit_int64():
     ok = check_params("dominant", {"n_dominant": 2 ** 63 - 1, "n_other": -2 ** 63})
-    assert ok == {"n_dominant": 2 ** 63 - 1, "n_other": -2 ** 63}
+    assert ok == {"n_dominant": 2 ** 63 - 1, "n_other": -2 ** 63, "dominant_classes": 1}     # with the default
     for value in (2 ** 63, -2 ** 63 - 1, 2.0, True):
         with pytest.raises(ConfigError, match=r"data\.partition_params\.n_other .*must be an integer"):
             check_params("dominant", {"n_dominant": 1, "n_other": value})
