@@ -83,7 +83,7 @@ def _assert_close(one, other):
 SETTINGS = ("train.lr=0.05", "train.momentum=0.5", "train.weight_decay=0.001", "data.validation_fraction=0.2")
 
 
-@pytest.mark.parametrize("algorithm", ["fedavgm", "fednova"])
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fednova", "fedadam"])     # fedadam: FedAdagrad and FedYogi's too
 def test_the_launcher_records_the_same_metrics_batched(tiny_job, tmp_path, algorithm):
     job = tiny_job(algorithm, rounds=2)
     one = _run(job, tmp_path / "one", *SETTINGS)
@@ -111,7 +111,8 @@ def test_a_nonfinite_client_is_caught_alike_and_spares_its_group(tiny_job, tmp_p
 
 
 def test_only_classes_that_vouch_for_their_local_update_batch():
-    assert sorted(n for n, cls in ALGORITHMS.items() if cls.traits.batched) == ["fedavg", "fedavgm", "fednova"]
+    assert sorted(n for n, cls in ALGORITHMS.items() if cls.traits.batched) == [
+        "fedadagrad", "fedadam", "fedavg", "fedavgm", "fednova", "fedyogi"]
 
 
 @pytest.mark.parametrize("job", [{"algorithm": {"name": "scaffold"}},
