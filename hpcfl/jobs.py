@@ -1,5 +1,5 @@
 """The composition root: a job file read, overridden and checked against everything hpcfl knows
-(the registries of algorithms, models, data sets and loss terms, plug-ins included), before any
+(the registries of algorithms, models, data sets, partitions and loss terms, plug-ins included), before any
 rank trains. hpcfl.config parses and checks each key on its own and imports nothing of hpcfl."""
 from pathlib import Path
 
@@ -43,7 +43,7 @@ def check_registries(job: JobConfig) -> None:
     for key, name, registry in named:
         registry.resolve(name, key)             # a plug-in is imported here, on every rank, before set-up
     model_params(job.model.params, {name: model_options(name) for name in job.architectures})
-    check_params(job.data.partition, job.data.partition_params)
+    check_params(job.data.partition, job.data.partition_params)      # resolves data.partition, plug-ins too
     algorithm_params(job.algorithm.name, job.algorithm.params)
     for name, raw in job.algorithm.terms.items():
         term_params(name, raw)
