@@ -57,6 +57,7 @@ MODULES = {
                           "tests/algorithms/test_fedka.py"],
     "algorithms/fedavgm": ["tests/algorithms/test_baselines.py", "tests/test_terms.py",
                            "tests/algorithms/test_fedavg.py"],
+    "algorithms/fedopt": ["tests/algorithms/test_fedopt.py"],
     "algorithms/scaffold": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_scaffold.py"],
     "algorithms/fednova": ["tests/algorithms/test_baselines.py", "tests/algorithms/test_fedavg.py"],
     "algorithms/feddyn": ["tests/algorithms/test_baselines.py"],

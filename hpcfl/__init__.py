@@ -3,9 +3,9 @@
 `python -m hpcfl.launch JOB.toml` runs one job; rank 0 is the server, ranks >= 1 host clients.
 From Python, `hpcfl.run(JOB)` runs one in this process and returns its result file's path.
 
-What a plug-in author needs (an algorithm, a model, a data set or a loss term named in a job file
-by its import path, "package.module:Name"; hpcfl.plugins) is importable from here. The names load
-on first use, so `import hpcfl` stays light and the analysis never pulls in the runtime.
+What a plug-in author needs (an algorithm, a model, a data set, a partition or a loss term named in a
+job file by its import path, "package.module:Name"; hpcfl.plugins) is importable from here. The names
+load on first use, so `import hpcfl` stays light and the analysis never pulls in the runtime.
 """
 import importlib
 

@@ -109,7 +109,8 @@ class TrainConfig:
                                     # drop: go on, the client keeping its state of before the round
     batched_clients: int = 0        # train up to this many of a worker's sampled clients as one batched
                                     # computation (for GPUs; slower on a CPU); plain local training only (fedavg,
-                                    # fedavgm, fednova, no terms, no dropout or BatchNorm); 0: one after another
+                                    # fedavgm, fedadagrad, fedadam, fedyogi, fednova; no terms, no dropout or
+                                    # BatchNorm); 0: one after another
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The composition root: a job file read, overridden and checked against everything hpcfl knows
-(the registries of algorithms, models, data sets and loss terms, plug-ins included), before any
+(the registries of algorithms, models, data sets, partitions and loss terms, plug-ins included), before any
 rank trains. hpcfl.config parses and checks each key on its own and imports nothing of hpcfl."""
 from dataclasses import asdict
 from pathlib import Path

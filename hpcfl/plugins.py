@@ -1,4 +1,4 @@
-"""The names a job file gives algorithms, models, data sets and loss terms.
+"""The names a job file gives algorithms, models, data sets, partitions and loss terms.
 
 Each kind has one `Registry`: a name is a built-in's (`"fedavg"`) or an import path
 `"package.module:Name"` naming a plug-in outside hpcfl, e.g.
@@ -9,10 +9,10 @@ Each kind has one `Registry`: a name is a built-in's (`"fedavg"`) or an import p
 
 Built-ins are registered the same way, by import path, and imported on first use. A plug-in is
 imported when the job is validated, which every rank does before set-up, and checked for the kind
-(an Algorithm subclass, a Term subclass, a callable model or data-set constructor): a missing
-module, a missing name or the wrong kind is a ConfigError naming the key and the path, so the job
-exits with status 2 before any rank trains. A result file records each plug-in's path and its
-package's version (`plugins` below).
+(an Algorithm subclass, a Term subclass, a callable model or data-set constructor, a partition
+scheme's function): a missing module, a missing name or the wrong kind is a ConfigError naming the
+key and the path, so the job exits with status 2 before any rank trains. A result file records each
+plug-in's path and its package's version (`plugins` below).
 """
 import importlib
 from collections.abc import Callable, Iterator, Mapping

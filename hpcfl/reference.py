@@ -121,9 +121,9 @@ def terms() -> str:
 
 
 def partitions() -> str:
-    from hpcfl.data.partition import SCHEMES
+    from hpcfl.data.partition import PARTITIONS
     rows = ["| `data.partition` | `data.partition_params` (default) | what it does |", "|---|---|---|"]
-    for name, scheme in SCHEMES.items():
+    for name, scheme in PARTITIONS.items():
         params = [p for p in inspect.signature(scheme).parameters.values() if p.kind is p.KEYWORD_ONLY]
         shown = ", ".join(f"`{p.name}`" + ("" if p.default is p.empty else
                                            f" ({'unset' if p.default is None else toml(p.default)})") for p in params)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import CHOICES, JobConfig, apply_overrides, parse_override, read_job_file
 from hpcfl.data.datasets import DATASETS
-from hpcfl.data.partition import SCHEMES
+from hpcfl.data.partition import PARTITIONS
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict, load_job, resolved_params
 from hpcfl.launch import main
@@ -44,9 +44,9 @@ INT64 = 2 ** 63
 PROFILE = settings(deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 # Strings and names that reach past the type checks into the registries and the algorithms' rules.
-PLAUSIBLE = sorted({*ALGORITHMS, *TERMS, *MODELS, *DATASETS, *SCHEMES, *(v for c in CHOICES.values() for v in c),
+PLAUSIBLE = sorted({*ALGORITHMS, *TERMS, *MODELS, *DATASETS, *PARTITIONS, *(v for c in CHOICES.values() for v in c),
                     "", ".", "..", "../x", "/abs", "a/b", "x\\y", " x", "x\x00y", "all", "classifier", "shared"})
-PARTITION_SETTINGS = sorted({name for scheme in SCHEMES.values()
+PARTITION_SETTINGS = sorted({name for scheme in PARTITIONS.values()
                              for name, arg in inspect.signature(scheme).parameters.items()
                              if arg.kind is arg.KEYWORD_ONLY})
 SETTINGS = sorted({f.name for table in (*ALGORITHMS.values(), *TERMS.values()) for f in fields(table.Params)}

@@ -11,7 +11,7 @@ import pytest
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import JobConfig
 from hpcfl.data.datasets import DATASETS
-from hpcfl.data.partition import SCHEMES
+from hpcfl.data.partition import PARTITIONS
 from hpcfl.models import MODELS
 from hpcfl.reference import field_docs, render, toml
 from hpcfl.terms import TERMS
@@ -67,7 +67,7 @@ def test_the_reference_names_every_built_in():
     generated = {"algorithms": ALGORITHMS, "terms": TERMS}
     for page, registry in generated.items():
         assert [line[3:] for line in render(page).splitlines() if line.startswith("## ")] == list(registry)
-    assert all(f"| `{name}` |" in render("partitions") for name in SCHEMES)
+    assert all(f"| `{name}` |" in render("partitions") for name in PARTITIONS)
     assert all(f"| `{name}` |" in render("models") for name in MODELS)
     # the hand-written tables beside the generated ones must not fall behind either
     written = {"algorithms.md": ALGORITHMS, "datasets.md": DATASETS, "models.md": MODELS}

@@ -1,6 +1,7 @@
-"""Plug-ins: an algorithm, a model, a data set and a loss term from a package outside hpcfl
+"""Plug-ins: an algorithm, a model, a data set, a partition and a loss term from a package outside hpcfl
 (tests/plugins/labfl), named in a job by import path, run from Python (hpcfl.run) in one process and
-under MPI with the same metrics; a wrong path, kind or parameter is refused by key before training."""
+under MPI with the same metrics; a wrong path, kind or parameter is refused by key before training; a
+split exported from hpcfl and read back by a partition plug-in is the same run."""
 import tomllib
 
 import pytest
@@ -12,8 +13,9 @@ from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
 
-PLUGINS = {"data.dataset": "labfl.data:blobs", "model.name": "labfl.model:Mlp",
-           "algorithm.name": "labfl.algorithm:HalfStep", "algorithm.terms": "labfl.term:Centring"}
+PLUGINS = {"data.dataset": "labfl.data:blobs", "data.partition": "labfl.partition:shards",
+           "model.name": "labfl.model:Mlp", "algorithm.name": "labfl.algorithm:HalfStep",
+           "algorithm.terms": "labfl.term:Centring"}
 
 
 JOB = """
@@ -25,8 +27,8 @@ results_root = "{root}"
 [data]
 dataset = "labfl.data:blobs"
 num_clients = 4
-partition = "dirichlet"
-partition_params = {{ beta = 0.5 }}
+partition = "labfl.partition:shards"
+partition_params = {{ per_client = 2 }}
 validation_fraction = 0.1
 [model]
 name = "labfl.model:Mlp"
@@ -67,6 +69,14 @@ def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
     ("algorithm.params.stepp", "1.0", "algorithm.params"),
     ("model.name", '"labfl.model:Mpl"', "model.name = 'labfl.model:Mpl'"),
     ("data.dataset", '"labfl.data.blobs"', "data.dataset = 'labfl.data.blobs' is unknown"),
+    ("data.partition", '"labfl.partition:shard"', "data.partition = 'labfl.partition:shard': module 'labfl.partition' "
+                                                  "has no 'shard'"),
+    ("data.partition", '"labfll.partition:shards"', "data.partition = 'labfll.partition:shards': cannot import"),
+    ("data.partition", '"labfl.data:blobs"', "data.partition = 'labfl.data:blobs': blobs(root, train_images=True) "
+                                             "is not a partition scheme"),
+    ("data.partition_params.per_client", '"2"', "data.partition_params.per_client = '2': must be an integer"),
+    ("data.partition_params.per_clients", "2", "data.partition_params.per_clients is not a setting of partition "
+                                              "'labfl.partition:shards'"),
     ("algorithm.terms", '{ "labfl.term:Centering" = {} }', "algorithm.terms = 'labfl.term:Centering'"),
     ("algorithm.terms", '{ "labfl.term:Centring" = { weight = "x" } }', "algorithm.terms.labfl.term"),
 ])
@@ -101,6 +111,27 @@ def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path)
             assert_same_metrics(run_metrics(one), run_metrics(tmp_path / "plug" / "ranks.h5"))
     finally:
         comm.Barrier()
+
+
+def test_a_split_exported_from_hpcfl_and_read_back_by_a_plug_in_is_the_same_run(tmp_path):
+    """docs/how-to/write-a-partition.md's round trip: hpcfl's own split written out per client (as another
+    tool would take it) and read back by the `from_file` plug-in (as a flwr-datasets split comes in)."""
+    import numpy as np
+
+    from hpcfl.data.datasets import load_dataset
+    from hpcfl.data.splits import client_partition
+
+    built_in = {**_job(tmp_path, "built_in"), "data": {**_job(tmp_path)["data"], "partition": "dirichlet",
+                                                      "partition_params": {"beta": 0.5}}}
+    data = load_dataset("labfl.data:blobs", tmp_path)
+    parts = client_partition(job_from_dict(built_in), data.train_y.numpy(), data.groups)
+    np.savez(tmp_path / "split.npz", **{f"client_{c}": part for c, part in enumerate(parts)})
+    read_back = {**built_in, "run": {**built_in["run"], "name": "read_back"},
+                 "data": {**built_in["data"], "partition": "labfl.partition:from_file",
+                          "partition_params": {"path": str(tmp_path / "split.npz")}}}
+    one, other = hpcfl.run(built_in), hpcfl.run(read_back)
+    np.testing.assert_array_equal(read_run(one).arrays["partition"], read_run(other).arrays["partition"])
+    assert_same_metrics(run_metrics(one), run_metrics(other), exact=True)
 
 
 def test_registries_hold_the_built_ins_and_answer_membership_without_raising():

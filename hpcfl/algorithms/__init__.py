@@ -8,6 +8,7 @@ from hpcfl.algorithms.feddyn import FedDyn
 from hpcfl.algorithms.fedfm_lite import FedFMLite
 from hpcfl.algorithms.fedma import FedMA
 from hpcfl.algorithms.fednova import FedNova
+from hpcfl.algorithms.fedopt import FedAdagrad, FedAdam, FedYogi
 from hpcfl.algorithms.fedproto import FedProto
 from hpcfl.algorithms.local import Ensemble, LocalOnly
 from hpcfl.algorithms.scaffold import Scaffold
@@ -16,8 +17,8 @@ from hpcfl.plugins import Registry, subclass_of
 
 # algorithm.name: these, or a plug-in's "package.module:Class" (hpcfl.plugins)
 ALGORITHMS = Registry("algorithm.name", subclass_of(Algorithm, "an hpcfl algorithm"), {cls.name: cls for cls in (
-    FedAvg, FedAvgM, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD, LocalOnly, Ensemble, FedFM, FedFMLite,
-    FedClassAvg, FedProto, FedKA, FedCME, FedMA)})
+    FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD,
+    LocalOnly, Ensemble, FedFM, FedFMLite, FedClassAvg, FedProto, FedKA, FedCME, FedMA)})
 
 
 def algorithm_params(name: str, raw: dict) -> Algorithm.Params:

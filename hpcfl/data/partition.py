@@ -4,13 +4,29 @@ A partition depends only on (labels, num_clients, scheme, params, seed), never o
 process count, so every rank computes the same split without any communication. What is drawn around
 a partition (the subset it partitions, validation and local test samples, FedKA's shared set) is in
 hpcfl.data.splits.
+
+A scheme, built-in or a plug-in named `data.partition = "package.module:function"` (hpcfl.plugins), is
+a function
+
+    scheme(labels, num_clients, rng, [min_samples], [owners], *, <settings>) -> list of index arrays
+
+- `labels`: the training labels it splits (an int array: all of the training set, or the class-stratified
+  subset of data.train_samples); `rng`: a numpy Generator drawn from (data.seed, "partition"), the only
+  randomness it may use, so that every rank computes the same split;
+- `min_samples` (if it takes it): data.min_samples, for schemes that redraw until every client has that
+  many; `owners` (if it takes it): each sample's natural owner, from data sets that have them;
+- its keyword-only settings are `data.partition_params`, checked against the signature when the job is
+  validated: a setting annotated `int` must be an integer, one annotated `str` a string, any other a
+  finite number; a setting without a default is required;
+- it returns one array per client of indices into `labels`, no sample on two clients (samples on no
+  client are left out), each client with at least data.min_samples; `partition` checks all of this.
 """
 import inspect
-from collections.abc import Callable
 
 import numpy as np
 
 from hpcfl.errors import ConfigError, DataError
+from hpcfl.plugins import Registry
 from hpcfl.seeding import numpy_rng
 
 _MAX_ATTEMPTS = 1000
@@ -266,7 +282,25 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_
     return [np.flatnonzero(owners == owner) for owner in chosen]
 
 
-SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
+def check_scheme(found) -> str | None:
+    """A plug-in partition must be a function scheme(labels, num_clients, rng, [min_samples], [owners], *,
+    settings): what `partition` hands every scheme (see the module's docstring)."""
+    try:
+        params = inspect.signature(found).parameters.values() if callable(found) else None
+    except (TypeError, ValueError):
+        params = None
+    if params is None:
+        return f"{found!r} is not a partition scheme (a function)"
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 3 or not set(positional[3:]) <= {"min_samples", "owners"}:
+        return (f"{getattr(found, '__qualname__', found)}{inspect.signature(found)} is not a partition scheme: it "
+                "takes (labels, num_clients, rng), optionally min_samples and owners, then its keyword-only "
+                "settings (hpcfl.data.partition)")
+    return None
+
+
+# data.partition: these, or a plug-in's "package.module:function" (hpcfl.plugins)
+PARTITIONS = Registry("data.partition", check_scheme, {
     "iid": iid,
     "dirichlet": dirichlet,
     "dirichlet_equal": dirichlet_equal,
@@ -275,25 +309,26 @@ SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
     "missing": missing,
     "quantity_skew": quantity_skew,
     "natural": natural,
-}
+})
+# a setting annotated int or str must be one (the annotation, or its name under `from __future__ import annotations`)
+_SETTING_TYPES = {"int": ("an integer", lambda v: is_int(v) and -2 ** 63 <= v < 2 ** 63),
+                  "str": ("a string", lambda v: isinstance(v, str))}
+_NUMBER = ("a finite number", lambda v: is_number(v) and bool(np.isfinite(v)))
 
 
 def check_params(scheme: str, params: dict) -> dict:
     """The scheme's keyword-only settings, `params` with the defaults of those it leaves out, or a
-    ConfigError naming the bad key; types are checked here, with the job file, and ranges that depend
-    on the data by the scheme."""
-    if scheme not in SCHEMES:
-        raise ConfigError(f"data.partition = {scheme!r} is not a known scheme; valid: {', '.join(sorted(SCHEMES))}")
-    sig = inspect.signature(SCHEMES[scheme]).parameters
+    ConfigError naming the bad key; types are checked here, with the job file (an int or str annotation
+    asks for one, any other a finite number), and ranges that depend on the data by the scheme."""
+    sig = inspect.signature(PARTITIONS[scheme]).parameters
     valid = [n for n, p in sig.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     for key, value in params.items():
         if key not in valid:
             raise ConfigError(f"data.partition_params.{key} is not a setting of partition {scheme!r}; "
                               f"valid: {', '.join(valid) or '(none)'}")
-        if sig[key].annotation is int:                  # a 64-bit integer, or a finite number
-            _require(key, value, is_int(value) and -2 ** 63 <= value < 2 ** 63, "must be an integer")
-        else:
-            _require(key, value, is_number(value) and bool(np.isfinite(value)), "must be a finite number")
+        annotation = sig[key].annotation
+        what, ok = _SETTING_TYPES.get(getattr(annotation, "__name__", annotation), _NUMBER)  # int or "int"
+        _require(key, value, ok(value), f"must be {what}")
     for key in valid:
         if key not in params and sig[key].default is inspect.Parameter.empty:
             raise ConfigError(f"data.partition_params.{key} is required by partition {scheme!r}")
@@ -305,7 +340,7 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, params: dict, s
     """Per client, a sorted int64 array of training-sample indices; every client holds >= min_samples.
     `owners`: each sample's natural owner, for the 'natural' scheme."""
     kwargs = check_params(scheme, params)
-    fn = SCHEMES[scheme]
+    fn = PARTITIONS[scheme]
     if "owners" in inspect.signature(fn).parameters:
         if owners is None:
             raise ConfigError(f"data.partition = {scheme!r} needs a data set whose samples have owners "
@@ -320,13 +355,33 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, params: dict, s
                         "fix: use fewer clients or a lower data.min_samples")
     if "min_samples" in inspect.signature(fn).parameters:  # schemes that can redraw take the guard themselves
         kwargs["min_samples"] = min_samples
-    parts = fn(labels, num_clients, numpy_rng(seed, "partition"), **kwargs)
+    parts = [np.asarray(part) for part in fn(labels, num_clients, numpy_rng(seed, "partition"), **kwargs)]
+    _check_parts(scheme, parts, num_clients, len(labels))
     for client, part in enumerate(parts):
         if len(part) < min_samples:
             raise DataError(f"partition {scheme!r} gave client {client} only {len(part)} samples, below "
                             f"data.min_samples={min_samples}; fix: use fewer clients, other "
                             "data.partition_params, or a lower data.min_samples")
     return [np.sort(part).astype(np.int64) for part in parts]
+
+
+def _check_parts(scheme: str, parts: list[np.ndarray], num_clients: int, num_samples: int) -> None:
+    """What every scheme promises (a plug-in's mistakes stop here, not as a wrong run): one integer index
+    array per client, each index a training sample's, no sample on two clients."""
+    problem = None
+    if len(parts) != num_clients:
+        problem = f"{len(parts)} index arrays for {num_clients} clients"
+    elif any(part.ndim != 1 or not (part.size == 0 or np.issubdtype(part.dtype, np.integer)) for part in parts):
+        problem = "an index array that is not one-dimensional integers"
+    else:
+        held = np.concatenate([part.astype(np.int64) for part in parts]) if parts else np.zeros(0, np.int64)
+        if held.size and (held.min() < 0 or held.max() >= num_samples):
+            problem = f"an index outside 0..{num_samples - 1}"
+        elif held.size != np.unique(held).size:
+            problem = "a sample on two clients (or twice on one)"
+    if problem:
+        raise DataError(f"data.partition = {scheme!r} returned {problem}; a scheme returns, per client, the "
+                        "indices of its training samples, each sample on at most one client")
 
 
 def count_matrix(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

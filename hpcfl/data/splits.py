@@ -4,7 +4,8 @@ client's validation and local test samples, FedKA's shared set, and the class ro
 Definition 1 (dominant, non-dominant, missing) that its term and the forgetting analysis read."""
 import numpy as np
 
-from hpcfl.data.partition import apportion, is_int, is_number, round_half_up
+from hpcfl.config import JobConfig
+from hpcfl.data.partition import apportion, is_int, is_number, partition, round_half_up
 from hpcfl.errors import ConfigError, DataError
 from hpcfl.seeding import numpy_rng
 
@@ -30,6 +31,18 @@ def training_subset(labels: np.ndarray, size: int, seed: int) -> np.ndarray:
     picked = [rng.choice(np.flatnonzero(labels == k), n, replace=False)
               for k, n in zip(classes, apportion(size, counts), strict=True)]
     return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
+def client_partition(job: JobConfig, labels: np.ndarray, owners: np.ndarray | None = None) -> list[np.ndarray]:
+    """Each client's samples as a run of `job` deals them, before validation samples are held out: sorted
+    indices into the training set (`labels`: all its labels, in the data set's order; `owners`: the data
+    set's groups, if any). With data.train_samples the scheme splits that subset. Set-up uses it, and so can
+    anyone exporting hpcfl's split to another tool (docs/how-to/write-a-partition.md)."""
+    labels, data = np.asarray(labels), job.data
+    pool = training_subset(labels, data.train_samples, job.data_seed) if data.train_samples else np.arange(len(labels))
+    parts = partition(labels[pool], data.num_clients, data.partition, data.partition_params, job.data_seed,
+                      data.min_samples, None if owners is None else np.asarray(owners)[pool])
+    return [pool[p] for p in parts]
 
 
 def validation_split(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

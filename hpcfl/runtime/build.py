@@ -21,8 +21,8 @@ from hpcfl.algorithms.base import Client, Setup
 from hpcfl.config import JobConfig
 from hpcfl.data.base import resolve_data_root, take
 from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import count_matrix, partition
-from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
+from hpcfl.data.partition import count_matrix
+from hpcfl.data.splits import client_partition, local_test_sets, shared_set, validation_split
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, lay_out, model_options
@@ -120,12 +120,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
     validating = config.data.validation_fraction > 0          # the server then tests on the held-out samples too
     data = load_dataset(config.data.dataset, root, train_images=transport.rank in workers or validating)
     labels = data.train_y.numpy()
-    pool = np.arange(len(labels))           # the samples the clients share out: all, or a class-stratified subset
-    if config.data.train_samples:
-        pool = training_subset(labels, config.data.train_samples, config.data_seed)
-    parts = [pool[p] for p in partition(labels[pool], config.data.num_clients, config.data.partition,
-                                        config.data.partition_params, config.data_seed, config.data.min_samples,
-                                        None if data.groups is None else np.asarray(data.groups)[pool])]
+    parts = client_partition(config, labels, data.groups)
     val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
     if config.data.validation_fraction > 0:
         parts, val_parts = validation_split(parts, config.data.validation_fraction, config.data_seed)

@@ -45,6 +45,7 @@ def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
             "setup_s": [round(r["setup_s"], 4) for r in reports],
             "study": config.run.study, "run": config.run_name, "status": "running",
             "resolved": resolved_params(config),
-            "plugins": plugins({"data.dataset": [config.data.dataset], "model.name": list(config.architectures),
+            "plugins": plugins({"data.dataset": [config.data.dataset], "data.partition": [config.data.partition],
+                                "model.name": list(config.architectures),
                                 "algorithm.name": [config.algorithm.name],
                                 "algorithm.terms": list(config.algorithm.terms)})}

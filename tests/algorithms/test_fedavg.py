@@ -159,8 +159,10 @@ def test_which_algorithms_may_move_clients_and_train_them_together():
     from hpcfl.algorithms import ALGORITHMS
 
     assert {n for n, cls in ALGORITHMS.items() if cls.traits.stateless} == {
-        "fedavg", "fedavgm", "fedprox", "fednova", "fedrs", "fedntd", "fedfm", "fedka"}
-    assert {n for n, cls in ALGORITHMS.items() if cls.traits.batched} == {"fedavg", "fedavgm", "fednova"}
+        "fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "fedprox", "fednova", "fedrs", "fedntd", "fedfm",
+        "fedka"}
+    assert {n for n, cls in ALGORITHMS.items() if cls.traits.batched} == {
+        "fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "fednova"}
 
 
 def test_a_presets_own_term_comes_first_and_is_seeded_by_the_run():

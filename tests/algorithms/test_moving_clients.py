@@ -11,7 +11,8 @@ from hpcfl.jobs import job_from_dict
 from hpcfl.runtime.report import CLIENT_METRICS
 from hpcfl.runtime.worker import Worker
 
-MOVING = {"fedavg", "fedavgm", "fedprox", "fednova", "fedrs", "fedntd", "fedfm", "fedka"}
+MOVING = {"fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "fedprox", "fednova", "fedrs", "fedntd", "fedfm",
+          "fedka"}
 HETEROGENEOUS = {"local_only", "fedclassavg", "fedproto", "ensemble"}
 
 

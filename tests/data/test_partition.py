@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcfl.data.partition import SCHEMES, check_params, count_matrix, partition
+from hpcfl.data.partition import PARTITIONS, check_params, count_matrix, partition
 from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
 from hpcfl.errors import ConfigError, DataError
 
@@ -73,13 +73,14 @@ def test_dirichlet_gives_up_after_redraws_with_the_fix():
     assert "data.min_samples" in str(err.value)
 
 
-def test_min_samples_guard_applies_to_every_registered_scheme(monkeypatch):
-    def lopsided(labels, num_clients, rng):  # a future scheme that starves its last client
-        return np.array_split(np.arange(len(labels)), [len(labels) - 3])
+def lopsided(labels, num_clients, rng):
+    """A plug-in scheme that starves its last client."""
+    return np.array_split(np.arange(len(labels)), [len(labels) - 3])
 
-    monkeypatch.setitem(SCHEMES, "lopsided", lopsided)
+
+def test_min_samples_guard_applies_to_every_scheme_plug_ins_included():
     with pytest.raises(DataError, match=r"client 1 only 3 samples.*data\.min_samples=10"):
-        partition(LABELS, 2, "lopsided", {}, seed=0)
+        partition(LABELS, 2, f"{__name__}:lopsided", {}, seed=0)
 
 
 @pytest.mark.parametrize("params,key", [
@@ -99,7 +100,7 @@ def test_iid_rejects_any_param_and_unknown_scheme_lists_valid():
         partition(LABELS, 10, "iid", {"beta": 1.0}, seed=0)
     with pytest.raises(ConfigError, match=r"data\.partition") as err:
         partition(LABELS, 10, "shards", {}, seed=0)
-    assert all(name in str(err.value) for name in SCHEMES)
+    assert all(name in str(err.value) for name in PARTITIONS)
 
 
 def test_count_matrix_hand_example():
@@ -499,16 +500,67 @@ def test_class_sets_stay_distinct_when_a_client_straddles_cycles():
         assert np.all((m > 0).sum(axis=1) == 4) and m.sum() == 120
 
 
-def test_partition_hands_schemes_a_numpy_label_array(monkeypatch):
-    seen = []
+SEEN = []
 
-    def spy(labels, num_clients, rng):
-        seen.append(type(labels))
-        return np.array_split(np.arange(len(labels)), num_clients)
 
-    monkeypatch.setitem(SCHEMES, "spy", spy)
-    partition([0, 1] * 10, 2, "spy", {}, seed=0, min_samples=1)
-    assert seen == [np.ndarray]
+def spy(labels, num_clients, rng):
+    """A plug-in scheme that records the type of the labels it is handed."""
+    SEEN.append(type(labels))
+    return np.array_split(np.arange(len(labels)), num_clients)
+
+
+def test_partition_hands_schemes_a_numpy_label_array():
+    partition([0, 1] * 10, 2, f"{__name__}:spy", {}, seed=0, min_samples=1)
+    assert SEEN == [np.ndarray]
+
+
+def returns(labels, num_clients, rng, *, case: str):
+    """A plug-in scheme returning what `case` names: a good split, or one breaking the contract."""
+    n = len(labels)
+    return {"good": [np.arange(0, n // 2), [n - 1, n // 2]],     # a list is fine, so is any order
+            "three": [np.arange(4), np.arange(4, 8), np.arange(8, 12)],
+            "overlap": [np.arange(0, 6), np.arange(5, 11)],
+            "out_of_range": [np.arange(0, 5), np.arange(5, n + 1)],
+            "negative": [np.arange(-1, 5), np.arange(5, 10)],
+            "floats": [np.arange(0.0, 5.0), np.arange(5, 10)],
+            "nested": [np.arange(6).reshape(2, 3), np.arange(6, 10)]}[case]
+
+
+@pytest.mark.parametrize("case, problem", [("three", "3 index arrays for 2 clients"),
+                                           ("overlap", "a sample on two clients"),
+                                           ("out_of_range", "an index outside 0..19"),
+                                           ("negative", "an index outside 0..19"),
+                                           ("floats", "an index array that is not one-dimensional integers"),
+                                           ("nested", "an index array that is not one-dimensional integers")])
+def test_a_scheme_breaking_the_contract_is_stopped_naming_the_key(case, problem):
+    with pytest.raises(DataError, match=rf"data\.partition = '{__name__}:returns' returned {problem}"):
+        partition([0, 1] * 10, 2, f"{__name__}:returns", {"case": case}, seed=0, min_samples=1)
+    assert [p.tolist() for p in partition([0, 1] * 10, 2, f"{__name__}:returns", {"case": "good"}, 0, 1)] == [
+        list(range(10)), [10, 19]]
+
+
+def takes_two(labels, num_clients):
+    return [np.arange(len(labels))]
+
+
+def takes_more(labels, num_clients, rng, extra):
+    return [np.arange(len(labels))]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("takes_two", r"takes_two\(labels, num_clients\) is not a partition scheme"),
+    ("takes_more", r"takes_more\(labels, num_clients, rng, extra\) is not a partition scheme"),
+    ("LABELS", r"array\(.*is not a partition scheme \(a function\)"),
+])
+def test_a_plug_in_that_is_not_a_scheme_is_refused_naming_the_key(name, message):
+    with pytest.raises(ConfigError, match=rf"data\.partition = '{__name__}:{name}': {message}"):
+        check_params(f"{__name__}:{name}", {})
+
+
+def test_a_setting_annotated_str_takes_a_string_and_only_a_string():
+    assert check_params(f"{__name__}:returns", {"case": "good"}) == {"case": "good"}
+    with pytest.raises(ConfigError, match=r"data\.partition_params\.case = 1: must be a string"):
+        check_params(f"{__name__}:returns", {"case": 1})
 
 
 def test_evaluation_split_rules_both_sides_of_each_boundary():
@@ -634,3 +686,19 @@ def test_training_subset_keeps_the_class_mix_and_is_keyed_by_the_seed():
 def test_training_subset_size_names_the_key(size):
     with pytest.raises(ConfigError, match="data.train_samples"):
         training_subset(np.zeros(100, dtype=np.int64), size, seed=0)
+
+
+def test_a_jobs_split_indexes_the_training_set_through_its_subset():
+    """client_partition (set-up's split, and the one docs/how-to/write-a-partition.md exports): with
+    data.train_samples the scheme splits the subset, and the indices come back as training-set ones."""
+    from hpcfl.data.splits import client_partition
+    from hpcfl.jobs import job_from_dict
+
+    job = job_from_dict({"data": {"num_clients": 4, "train_samples": 400, "partition": "dirichlet",
+                                  "partition_params": {"beta": 0.5}, "seed": 3}, "train": {"clients_per_round": 4}})
+    parts = client_partition(job, LABELS)
+    pool = training_subset(LABELS, 400, 3)
+    assert np.isin(np.concatenate(parts), pool).all() and sum(map(len, parts)) == 400
+    within = partition(LABELS[pool], 4, "dirichlet", {"beta": 0.5}, 3)
+    np.testing.assert_array_equal(count_matrix(LABELS, parts, 10), count_matrix(LABELS[pool], within, 10))
+    assert all((np.diff(p) > 0).all() for p in parts)

@@ -46,8 +46,9 @@ def _interrupt(job, tmp_path, name, after_round: int, sig) -> int:
     return proc.wait(timeout=120)
 
 
-# scaffold: client state; moon: a loss term's client state; fedma: global widths carried over
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "moon", "fedma"])
+# scaffold: client state; moon: a loss term's client state; fedma: global widths carried over; fedadagrad,
+# fedadam, fedyogi: the server's moments
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "moon", "fedma", "fedadagrad", "fedadam", "fedyogi"])
 def test_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path, capsys):
     job = _job(tmp_path, algorithm)
     assert main(_args(job, tmp_path, "full")) == 0

@@ -131,7 +131,8 @@ BATCHNORM = ("model.name='fmnist_cnn_bn'", "train.lr=0.01")
 CASES = {
     "fedavg": SGD + BATCHNORM,
     "fedavg-independent": SGD + ("algorithm.params.init='independent'",),
-    "fedavgm": ADAM, "fednova": SGD, "scaffold": SGD + BATCHNORM, "feddyn": ADAM,
+    "fedavgm": ADAM, "fedadam": SGD, "fedyogi": ADAM, "fedadagrad": SGD, "fednova": SGD,
+    "scaffold": SGD + BATCHNORM, "feddyn": ADAM,
     "fedprox": SGD + BATCHNORM, "moon": SGD, "fedrs": ADAM + ("algorithm.params.bias='keep'",),
     "fedntd": SGD, "fedka": SGD + ("algorithm.params.weight=1.0",),
     "fedfm": SGD + ("algorithm.params.start_round=1", "algorithm.params.weight=1.0"),
@@ -158,7 +159,7 @@ def test_the_launcher_records_the_same_metrics_batched(tiny_job, tmp_path, case,
     together = _run(job, tmp_path / "together", *CASES[case], "train.batched_clients=3")
     trained = np.isfinite(one["client/train_loss"])
     assert trained.sum() >= 2 * 4 and (one["client/steps"][trained] > 0).all()
-    assert set(together_trained) >= set(zip(*np.nonzero(trained), strict=True))       # every update trained in a group
+    assert set(together_trained) >= set(zip(*np.nonzero(trained), strict=True))     # every update trained together
     _assert_close(one, together)
 
 
