@@ -45,8 +45,8 @@ EXIT_MEANING = {
                  "then stopped, so the job never hangs), or a NaN/Inf update with train.on_nonfinite = 'stop'",
     Exit.BAD_INPUT: "bad input (job file, override, data, result path, a result file another run is writing), "
                     "reported before any rank trains",
-    Exit.RESUME: "stopped at a checkpoint after SIGUSR1/SIGTERM: run the same command again to resume (the "
-                 "SLURM scripts requeue)",
+    Exit.RESUME: "stopped at a checkpoint after SIGUSR1/SIGTERM or a first Ctrl-C (SIGINT; a second aborts at "
+                 "once): run the same command again to resume (the SLURM scripts requeue)",
 }
 
 

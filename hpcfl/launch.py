@@ -21,7 +21,8 @@ from hpcfl.logs import LEVELS, LOG, configure
 
 # Set by mpiexec (Hydra: PMI_*; Open MPI: OMPI_*; PMIx) or by srun for a step of several tasks.
 _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)     # SLURM: --signal=B:USR1@..., and SIGTERM at the time limit
+# SLURM: --signal=B:USR1@..., and SIGTERM at the time limit; SIGINT: Ctrl-C (mpiexec forwards it to the ranks)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
 def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
@@ -68,6 +69,18 @@ def make_transport():
     return MpiTransport({}, world), world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
 
 
+def _stop(sig, frame) -> None:
+    """A stop signal: checkpoint after the current round and exit 3, so that no finished round is lost.
+    Ctrl-C once more after that aborts at once (KeyboardInterrupt, as Python's own handler would)."""
+    from hpcfl.runtime.resume import STOP
+
+    if sig == signal.SIGINT:
+        if STOP.is_set():
+            raise KeyboardInterrupt
+        LOG.info("Ctrl-C: stopping at a checkpoint after this round (Ctrl-C again to abort at once)")
+    STOP.set()
+
+
 def _abort(transport, err: BaseException) -> None:
     """Print the failure with rank and host in one write (a traceback unless hpcfl raised it on
     purpose), then end every rank."""
@@ -75,7 +88,10 @@ def _abort(transport, err: BaseException) -> None:
 
     rank, round = getattr(transport, "rank", 0), getattr(transport, "round", -1)
     when = f"in round {round + 1}" if round >= 0 else "in set-up"
-    text = f"error: {err}\n" if isinstance(err, HpcflError) else "".join(traceback.format_exception(err))
+    if isinstance(err, KeyboardInterrupt):
+        text = "interrupted (Ctrl-C): stopped at once, without a checkpoint of the current round\n"
+    else:
+        text = f"error: {err}\n" if isinstance(err, HpcflError) else "".join(traceback.format_exception(err))
     sys.stderr.write(f"hpcfl: rank {rank} on {socket.gethostname()} failed {when}:\n{text}")
     sys.stderr.flush()
     release()
@@ -189,7 +205,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
         _abort(transport, err)
     STOP.clear()
-    previous = {sig: signal.signal(sig, lambda *_: STOP.set()) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
     status, code = "completed", Exit.DONE
     try:
         if not run(job):
