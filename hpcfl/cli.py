@@ -26,7 +26,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command in ("-V", "--version"):
-        print(f"hpcfl {hpcfl.__version__}")
+        from hpcfl.runtime.provenance import git_commit
+
+        commit = git_commit()
+        print(f"hpcfl {hpcfl.__version__}" + (f" (commit {commit})" if commit != "unknown" else ""))
         return Exit.DONE
     if command not in COMMANDS:
         asked = command in ("-h", "--help")

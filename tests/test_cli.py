@@ -1,6 +1,7 @@
 """The `hpcfl` console script: its subcommands, exit statuses, `sweep --submit` and `status`."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import hpcfl
 from hpcfl.cli import main
 from hpcfl.errors import EXIT_MEANING, Exit
 from hpcfl.runtime.lock import STALE_S, lock_path
+from hpcfl.runtime.provenance import git_commit
 
 SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip installed beside this Python
 
@@ -25,7 +27,8 @@ def test_help_lists_every_command_and_every_exit_status(capsys):
     assert all(f"hpcfl {command} " in text for command in ("run", "check", "sweep", "status", "analyze"))
     assert all(f"  {int(code)}  " in text for code in EXIT_MEANING)
     assert main(["trian"]) == Exit.BAD_INPUT and "unknown command 'trian'" in capsys.readouterr().err
-    assert main(["--version"]) == Exit.DONE and capsys.readouterr().out == f"hpcfl {hpcfl.__version__}\n"
+    assert main(["--version"]) == Exit.DONE
+    assert capsys.readouterr().out == f"hpcfl {hpcfl.__version__} (commit {git_commit()})\n"
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     assert "hpcfl run" in (out := capsys.readouterr().out) and "  3  stopped at a checkpoint" in out
@@ -126,9 +129,14 @@ def test_status_names_an_unreadable_file_and_why(tmp_path, capsys):
     assert line.startswith("unreadable") and "corrupt.h5" in line and "(" in line
 
 
-def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was_built_from(tmp_path, monkeypatch):
-    from hpcfl.runtime.provenance import git_commit
+def test_the_version_is_a_release_number_written_once_and_the_install_reports_it():
+    from importlib import metadata
 
+    assert re.fullmatch(r"\d+\.\d+\.\d+", hpcfl.__version__)      # no tags needed: not 0.2.0.devN+g...
+    assert metadata.version("hpcfl") == hpcfl.__version__
+
+
+def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was_built_from(tmp_path, monkeypatch):
     here = Path(hpcfl.__file__).parent
     head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0:                             # tests running from a git checkout of hpcfl
@@ -136,7 +144,7 @@ def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was
     installed = tmp_path / "site-packages" / "hpcfl"    # an installed copy: no git around it
     installed.mkdir(parents=True)
     monkeypatch.setattr(hpcfl, "__file__", str(installed / "__init__.py"))
-    monkeypatch.setattr(hpcfl, "__commit__", "g1234abc")
+    monkeypatch.setattr(hpcfl, "__commit__", "1234abc")
     assert git_commit() == "1234abc"
     monkeypatch.setattr(hpcfl, "__commit__", "")          # a source tree never built
     assert git_commit() == "unknown"
