@@ -52,9 +52,17 @@ def make_transport():
     """LocalTransport in one process; MpiTransport when a launcher started several ranks."""
     from hpcfl.transport import LocalTransport
 
-    if not any(v in os.environ for v in _LAUNCHER_VARS) and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1:
-        return LocalTransport({}), 0
-    from mpi4py import MPI
+    launched = [v for v in _LAUNCHER_VARS if v in os.environ]
+    if not launched and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1:
+        return LocalTransport({}), 0                # one process: mpi4py is not even imported
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        started = f"{launched[0]} is set" if launched else "SLURM's step has several tasks"
+        raise HpcflError(f"an MPI launcher started this process ({started}) but mpi4py cannot be imported ({err}), "
+                         "so the ranks cannot talk. Fix: pip install \"hpcfl[mpi]\" (mpi4py and PyPI's MPICH), or "
+                         "on a cluster build mpi4py against the site's MPI: pip install --no-binary=mpi4py mpi4py "
+                         "(docs/how-to/site-mpi.md)") from None
 
     world = MPI.COMM_WORLD
     tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
