@@ -24,7 +24,7 @@ SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip i
 def test_help_lists_every_command_and_every_exit_status(capsys):
     assert main(["--help"]) == Exit.DONE
     text = capsys.readouterr().out
-    assert all(f"hpcfl {command} " in text for command in ("run", "check", "sweep", "status", "analyze"))
+    assert all(f"hpcfl {command} " in text for command in ("run", "check", "sweep", "status", "analyze", "init"))
     assert all(f"  {int(code)}  " in text for code in EXIT_MEANING)
     assert main(["trian"]) == Exit.BAD_INPUT and "unknown command 'trian'" in capsys.readouterr().err
     assert main(["--version"]) == Exit.DONE
@@ -84,6 +84,34 @@ def test_sweep_submit_writes_the_array_size_and_passes_the_options(tiny_job, tmp
     assert folder == str(script.parent)                   # where the batch script finds site.sh and step.sh
     assert main(["sweep", str(job), "--submit", "--script", str(tmp_path / "none.sbatch")]) == Exit.BAD_INPUT
     assert "none.sbatch does not exist" in capsys.readouterr().err
+
+
+def test_sweep_submit_finds_the_packaged_script_where_no_slurm_folder_is(tiny_job, tmp_path, capsys, monkeypatch):
+    from hpcfl.init import TEMPLATES
+
+    job = tiny_job(extra=SWEEP)
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$HPCFL_SLURM" > {tmp_path / "called"}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.delenv("HPCFL_SLURM", raising=False)
+    monkeypatch.chdir(tmp_path)                            # no slurm/ here
+    assert main(["sweep", str(job), "--submit"]) == Exit.DONE
+    assert f"{TEMPLATES / 'slurm' / 'sweep.sbatch'} {job}" in capsys.readouterr().out
+    assert (tmp_path / "called").read_text().strip() == str(TEMPLATES / "slurm")
+
+
+def test_init_writes_the_slurm_scripts_and_jobs_and_keeps_edited_files(tmp_path, capsys):
+    assert main(["init", str(tmp_path)]) == Exit.DONE
+    assert os.access(tmp_path / "slurm" / "step.sh", os.X_OK) and (tmp_path / "slurm" / "sweep.sbatch").is_file()
+    assert {"quickstart.toml", "fedma/mnist-lenet.toml"} <= {str(p.relative_to(tmp_path / "jobs"))
+                                                            for p in (tmp_path / "jobs").rglob("*.toml")}
+    assert "next: edit" in capsys.readouterr().out
+    site = tmp_path / "slurm" / "site.sh"
+    site.write_text("module load mpi\n")
+    assert main(["init", str(tmp_path)]) == Exit.DONE
+    assert site.read_text() == "module load mpi\n" and "wrote 0 files" in capsys.readouterr().out
 
 
 def _result(tmp_path, tiny_job, name: str) -> Path:
