@@ -132,7 +132,7 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
     stale.write_text("{}")
     os.utime(stale, (time.time() - STALE_S - 60,) * 2)
     complete.with_name("corrupt.h5").write_bytes(b"not HDF5")
-    assert main(["status", str(complete.parent)]) == Exit.DONE
+    assert main(["status", str(complete.parent)]) == Exit.BAD_INPUT           # any unreadable file: not 0
     lines = {line.split()[-1].split("/")[-1]: line.split()[:2] for line in capsys.readouterr().out.splitlines()[:-1]
              if not line.startswith("unreadable")}
     assert lines == {"complete.h5": ["complete", "2/2"], "running.h5": ["running", "1/2"],
@@ -152,9 +152,26 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
 
 def test_status_names_an_unreadable_file_and_why(tmp_path, capsys):
     (tmp_path / "corrupt.h5").write_bytes(b"not HDF5")
-    assert main(["status", str(tmp_path)]) == Exit.DONE
+    assert main(["status", str(tmp_path)]) == Exit.BAD_INPUT
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("unreadable") and "corrupt.h5" in line and "(" in line
+
+
+def test_a_damaged_result_file_gets_one_verdict_from_status_analyze_and_read_run(tmp_path, capsys):
+    from hpcfl.analysis import load
+    from hpcfl.errors import ResultsError
+    from hpcfl.metrics import read_run
+
+    damaged = tmp_path / "damaged.h5"
+    shutil.copy(sorted(Path(__file__).parent.parent.glob("studies/fedcme/results/*.h5"))[0], damaged)
+    with open(damaged, "r+b") as file:              # 4 KiB overwritten inside: the object headers there
+        file.seek(20000)
+        file.write(b"\xff" * 4096)
+    with pytest.raises(ResultsError, match="damaged.h5"):
+        read_run(damaged)
+    assert main(["status", str(damaged)]) == Exit.BAD_INPUT
+    assert capsys.readouterr().out.startswith("unreadable")
+    assert load([damaged]).problems and main(["analyze", "table", str(damaged)]) == Exit.BAD_INPUT
 
 
 def test_the_version_is_a_release_number_written_once_and_the_install_reports_it():
