@@ -2,7 +2,8 @@
 by slurm/local-cluster.sh; CI installs them): the MPI job on 3 tasks gives the one-process numbers,
 a sweep runs as a job array (and `hpcfl sweep --submit` sizes it), srun starts the `hpcfl` console
 script as an MPI job, a job signalled with USR1 checkpoints, requeues itself and finishes with the
-metrics of an uninterrupted run, and srun without an MPI plugin is refused with the fix."""
+metrics of an uninterrupted run (in a job array, the signalled task alone), and srun without an MPI
+plugin is refused with the fix."""
 import os
 import shutil
 import subprocess
