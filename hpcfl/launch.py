@@ -82,11 +82,12 @@ def _stop(sig, frame) -> None:
     Ctrl-C once more after that aborts at once (KeyboardInterrupt, as Python's own handler would)."""
     from hpcfl.runtime.resume import STOP
 
+    again = STOP.is_set()
+    STOP.set()                            # before the log line: a second Ctrl-C may come while it is written
     if sig == signal.SIGINT:
-        if STOP.is_set():
+        if again:
             raise KeyboardInterrupt
         LOG.info("Ctrl-C: stopping at a checkpoint after this round (Ctrl-C again to abort at once)")
-    STOP.set()
 
 
 def _abort(transport, err: BaseException) -> None:

@@ -83,8 +83,10 @@ def test_ctrl_c_checkpoints_after_the_round_and_the_run_resumes_to_the_same_metr
 
 
 def test_a_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
-    code, out = _signalled(_job(tmp_path, "fedavg"), tmp_path, "cut",
-                           {" round    2/": signal.SIGINT, "Ctrl-C again to abort": signal.SIGINT})
+    job = _job(tmp_path, "fedavg")
+    job.write_text(job.read_text().replace("momentum = 0.5", "momentum = 0.5\nlocal_epochs = 10"))  # a round > 1 s
+    cues = {" round    2/": signal.SIGINT, "Ctrl-C again to abort": signal.SIGINT}
+    code, out = _signalled(job, tmp_path, "cut", cues)
     assert code == 1 and "interrupted (Ctrl-C): stopped at once" in out and "Traceback" not in out, out
     assert 2 <= read_run(tmp_path / "results" / "resume" / "cut.h5").rounds < 6
 
