@@ -9,10 +9,11 @@ load on first use, so `import hpcfl` stays light and the analysis never pulls in
 """
 import importlib
 
-try:                                   # written by setuptools-scm when hpcfl is built or installed
-    from hpcfl._version import __commit__, __version__
+__version__ = "0.2.0"                  # the one place of the version: pyproject.toml reads it from here
+try:                                   # written when hpcfl is built or installed (build-backend/hpcfl_build.py)
+    from hpcfl._commit import __commit__
 except ImportError:                    # a source tree never built (git_commit reads the checkout instead)
-    __version__, __commit__ = "0+unknown", ""
+    __commit__ = ""
 
 # public name -> the module that defines it
 _EXPORTS = {

@@ -5,6 +5,7 @@
     hpcfl sweep JOB --list | --index I | --submit [--max-concurrent K] [-- sbatch options]
                                             a sweep's points: list them, run one, or submit all as a job array
     hpcfl status RESULTS... [--sweep JOB]   complete / running / interrupted / failed / missing, with rounds
+    hpcfl init [DIR]                        write the SLURM scripts (slurm/) and example jobs (jobs/) to edit
     hpcfl analyze COMMAND RESULTS...        the papers' tables and figures from result files
 
 `hpcfl COMMAND -h` tells more. `python -m hpcfl.launch` (run), `python -m hpcfl.sweep` and
@@ -19,14 +20,17 @@ from hpcfl.errors import Exit, exit_help
 
 # command -> (the module whose main() runs it, arguments it adds)
 COMMANDS = {"run": ("hpcfl.launch", []), "check": ("hpcfl.launch", ["--check"]), "sweep": ("hpcfl.sweep", []),
-            "status": ("hpcfl.status", []), "analyze": ("hpcfl.analyze", [])}
+            "status": ("hpcfl.status", []), "analyze": ("hpcfl.analyze", []), "init": ("hpcfl.init", [])}
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command in ("-V", "--version"):
-        print(f"hpcfl {hpcfl.__version__}")
+        from hpcfl.runtime.provenance import git_commit
+
+        commit = git_commit()
+        print(f"hpcfl {hpcfl.__version__}" + (f" (commit {commit})" if commit != "unknown" else ""))
         return Exit.DONE
     if command not in COMMANDS:
         asked = command in ("-h", "--help")

@@ -36,7 +36,7 @@ class RunConfig:
     memory_format: str = "auto"     # how convolution weights lie in memory: channels_last; contiguous (NCHW);
                                     # auto: channels_last on the CPU (19-34 % less training time for the small CNNs,
                                     # bench/memory_format.py), contiguous on a GPU. Same numbers to float rounding
-    checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, SIGUSR1/SIGTERM)
+    checkpoint_every: int = 10      # rounds between checkpoints (0: only when signalled, SIGUSR1/SIGTERM/SIGINT)
     checkpoint_keep: int = 2        # the newest checkpoints kept next to the result file (removed once the run
                                     # completes)
     round_timeout_s: float = 1800.0 # a rank silent this long in a collective (hung, dead) ends the job, naming the

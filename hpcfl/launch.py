@@ -21,7 +21,8 @@ from hpcfl.logs import LEVELS, LOG, configure
 
 # Set by mpiexec (Hydra: PMI_*; Open MPI: OMPI_*; PMIx) or by srun for a step of several tasks.
 _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)     # SLURM: --signal=B:USR1@..., and SIGTERM at the time limit
+# SLURM: --signal=B:USR1@..., and SIGTERM at the time limit; SIGINT: Ctrl-C (mpiexec forwards it to the ranks)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
 def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
@@ -51,9 +52,17 @@ def make_transport():
     """LocalTransport in one process; MpiTransport when a launcher started several ranks."""
     from hpcfl.transport import LocalTransport
 
-    if not any(v in os.environ for v in _LAUNCHER_VARS) and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1:
-        return LocalTransport({}), 0
-    from mpi4py import MPI
+    launched = [v for v in _LAUNCHER_VARS if v in os.environ]
+    if not launched and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1:
+        return LocalTransport({}), 0                # one process: mpi4py is not even imported
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        started = f"{launched[0]} is set" if launched else "SLURM's step has several tasks"
+        raise HpcflError(f"an MPI launcher started this process ({started}) but mpi4py cannot be imported ({err}), "
+                         "so the ranks cannot talk. Fix: pip install \"hpcfl[mpi]\" (mpi4py and PyPI's MPICH), or "
+                         "on a cluster build mpi4py against the site's MPI: pip install --no-binary=mpi4py mpi4py "
+                         "(docs/how-to/site-mpi.md)") from None
 
     world = MPI.COMM_WORLD
     tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
@@ -68,6 +77,19 @@ def make_transport():
     return MpiTransport({}, world), world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
 
 
+def _stop(sig, frame) -> None:
+    """A stop signal: checkpoint after the current round and exit 3, so that no finished round is lost.
+    Ctrl-C once more after that aborts at once (KeyboardInterrupt, as Python's own handler would)."""
+    from hpcfl.runtime.resume import STOP
+
+    again = STOP.is_set()
+    STOP.set()                            # before the log line: a second Ctrl-C may come while it is written
+    if sig == signal.SIGINT:
+        if again:
+            raise KeyboardInterrupt
+        LOG.info("Ctrl-C: stopping at a checkpoint after this round (Ctrl-C again to abort at once)")
+
+
 def _abort(transport, err: BaseException) -> None:
     """Print the failure with rank and host in one write (a traceback unless hpcfl raised it on
     purpose), then end every rank."""
@@ -75,7 +97,10 @@ def _abort(transport, err: BaseException) -> None:
 
     rank, round = getattr(transport, "rank", 0), getattr(transport, "round", -1)
     when = f"in round {round + 1}" if round >= 0 else "in set-up"
-    text = f"error: {err}\n" if isinstance(err, HpcflError) else "".join(traceback.format_exception(err))
+    if isinstance(err, KeyboardInterrupt):
+        text = "interrupted (Ctrl-C): stopped at once, without a checkpoint of the current round\n"
+    else:
+        text = f"error: {err}\n" if isinstance(err, HpcflError) else "".join(traceback.format_exception(err))
     sys.stderr.write(f"hpcfl: rank {rank} on {socket.gethostname()} failed {when}:\n{text}")
     sys.stderr.flush()
     release()
@@ -189,7 +214,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
         _abort(transport, err)
     STOP.clear()
-    previous = {sig: signal.signal(sig, lambda *_: STOP.set()) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
     status, code = "completed", Exit.DONE
     try:
         if not run(job):

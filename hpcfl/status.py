@@ -5,8 +5,11 @@
 - interrupted: stopped at a checkpoint, or killed (a file marked running whose lock went stale):
   run the same command again to resume;
 - failed: a failure during training ended the run;
-- unreadable: not a valid result file (the reason is printed);
+- unreadable: not a valid result file, or damaged: some part of it does not read back (the reason
+  is printed; `hpcfl analyze` skips the same files);
 - missing: with --sweep, a point of the sweep that has no result file yet.
+
+It exits 2 when any file is unreadable, so that a script checking a study stops there.
 """
 import argparse
 import json
@@ -24,7 +27,7 @@ from hpcfl.runtime.lock import STALE_S, lock_path
 def state(path: Path) -> tuple[str, str, str]:
     """(state, rounds as 'committed/planned', why it is unreadable) of one result file."""
     try:
-        run = read_run(path, keys=())
+        run = read_run(path)              # all of it, as `hpcfl analyze` reads it: one verdict for both
     except HpcflError as err:
         return "unreadable", "", str(err)
     planned = run.attrs.get("config", {}).get("run", {}).get("rounds", "?")
@@ -71,4 +74,4 @@ def main(argv=None, prog: str = "hpcfl status") -> int:
         print(f"{what:<12}{rounds:>9}  {path}" + (f"  ({why})" if why else ""))
     counts = Counter(what for _, what, _, _ in rows)
     print(", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
-    return Exit.DONE
+    return Exit.BAD_INPUT if counts["unreadable"] else Exit.DONE

@@ -107,7 +107,7 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     parser.add_argument("--max-concurrent", type=int, default=0, metavar="K",
                         help="with --submit: at most K points run at once (--array=...%%K)")
     parser.add_argument("--script", default=None, help="with --submit: the batch script (default: sweep.sbatch in "
-                                                       "$HPCFL_SLURM, else ./slurm)")
+                                                       "$HPCFL_SLURM, else ./slurm, else the one hpcfl ships)")
     args, launch_args = parser.parse_known_args(argv[:split])
     try:
         todo = points(read_job_file(args.job))
@@ -131,10 +131,19 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
                   prog=prog)
 
 
+def default_script() -> Path:
+    """sweep.sbatch in $HPCFL_SLURM, else in ./slurm (an edited copy, `hpcfl init`), else the packaged one."""
+    from hpcfl.init import TEMPLATES
+
+    if os.environ.get("HPCFL_SLURM"):
+        return Path(os.environ["HPCFL_SLURM"]) / "sweep.sbatch"
+    here = Path("slurm") / "sweep.sbatch"
+    return here if here.is_file() else TEMPLATES / "slurm" / "sweep.sbatch"
+
+
 def submit(args, count: int, launch_args: list[str], sbatch_args: list[str]) -> int:
     """`sbatch --array=0-(count-1)[%K] [sbatch options] SCRIPT JOB [run options]`, printed, then run."""
-    folder = Path(os.environ.get("HPCFL_SLURM") or "slurm")
-    script = Path(args.script) if args.script else folder / "sweep.sbatch"
+    script = Path(args.script) if args.script else default_script()
     if not script.is_file():
         sys.stderr.write(f"hpcfl: error: batch script {script} does not exist: pass --script PATH (hpcfl's "
                          "slurm/sweep.sbatch) or set $HPCFL_SLURM to the folder holding it\n")

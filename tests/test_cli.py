@@ -1,6 +1,7 @@
 """The `hpcfl` console script: its subcommands, exit statuses, `sweep --submit` and `status`."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from hpcfl.cli import main
 from hpcfl.errors import EXIT_MEANING, Exit
 from hpcfl.models import model_options
 from hpcfl.runtime.lock import STALE_S, lock_path
+from hpcfl.runtime.provenance import git_commit
 
 SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip installed beside this Python
 
@@ -25,10 +27,11 @@ SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip i
 def test_help_lists_every_command_and_every_exit_status(capsys):
     assert main(["--help"]) == Exit.DONE
     text = capsys.readouterr().out
-    assert all(f"hpcfl {command} " in text for command in ("run", "check", "sweep", "status", "analyze"))
+    assert all(f"hpcfl {command} " in text for command in ("run", "check", "sweep", "status", "analyze", "init"))
     assert all(f"  {int(code)}  " in text for code in EXIT_MEANING)
     assert main(["trian"]) == Exit.BAD_INPUT and "unknown command 'trian'" in capsys.readouterr().err
-    assert main(["--version"]) == Exit.DONE and capsys.readouterr().out == f"hpcfl {hpcfl.__version__}\n"
+    assert main(["--version"]) == Exit.DONE
+    assert capsys.readouterr().out == f"hpcfl {hpcfl.__version__} (commit {git_commit()})\n"
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     assert "hpcfl run" in (out := capsys.readouterr().out) and "  3  stopped at a checkpoint" in out
@@ -89,6 +92,34 @@ def test_sweep_submit_writes_the_array_size_and_passes_the_options(tiny_job, tmp
     assert "none.sbatch does not exist" in capsys.readouterr().err
 
 
+def test_sweep_submit_finds_the_packaged_script_where_no_slurm_folder_is(tiny_job, tmp_path, capsys, monkeypatch):
+    from hpcfl.init import TEMPLATES
+
+    job = tiny_job(extra=SWEEP)
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$HPCFL_SLURM" > {tmp_path / "called"}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.delenv("HPCFL_SLURM", raising=False)
+    monkeypatch.chdir(tmp_path)                            # no slurm/ here
+    assert main(["sweep", str(job), "--submit"]) == Exit.DONE
+    assert f"{TEMPLATES / 'slurm' / 'sweep.sbatch'} {job}" in capsys.readouterr().out
+    assert (tmp_path / "called").read_text().strip() == str(TEMPLATES / "slurm")
+
+
+def test_init_writes_the_slurm_scripts_and_jobs_and_keeps_edited_files(tmp_path, capsys):
+    assert main(["init", str(tmp_path)]) == Exit.DONE
+    assert os.access(tmp_path / "slurm" / "step.sh", os.X_OK) and (tmp_path / "slurm" / "sweep.sbatch").is_file()
+    assert {"quickstart.toml", "fedma/mnist-lenet.toml"} <= {str(p.relative_to(tmp_path / "jobs"))
+                                                            for p in (tmp_path / "jobs").rglob("*.toml")}
+    assert "next: edit" in capsys.readouterr().out
+    site = tmp_path / "slurm" / "site.sh"
+    site.write_text("module load mpi\n")
+    assert main(["init", str(tmp_path)]) == Exit.DONE
+    assert site.read_text() == "module load mpi\n" and "wrote 0 files" in capsys.readouterr().out
+
+
 def _result(tmp_path, tiny_job, name: str) -> Path:
     job = tiny_job(rounds=2)
     return hpcfl.run(job, [f"run.name={name!r}", f"run.results_root={str(tmp_path / 'results')!r}"], quiet=True)
@@ -107,7 +138,7 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
     stale.write_text("{}")
     os.utime(stale, (time.time() - STALE_S - 60,) * 2)
     complete.with_name("corrupt.h5").write_bytes(b"not HDF5")
-    assert main(["status", str(complete.parent)]) == Exit.DONE
+    assert main(["status", str(complete.parent)]) == Exit.BAD_INPUT           # any unreadable file: not 0
     lines = {line.split()[-1].split("/")[-1]: line.split()[:2] for line in capsys.readouterr().out.splitlines()[:-1]
              if not line.startswith("unreadable")}
     assert lines == {"complete.h5": ["complete", "2/2"], "running.h5": ["running", "1/2"],
@@ -127,14 +158,36 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
 
 def test_status_names_an_unreadable_file_and_why(tmp_path, capsys):
     (tmp_path / "corrupt.h5").write_bytes(b"not HDF5")
-    assert main(["status", str(tmp_path)]) == Exit.DONE
+    assert main(["status", str(tmp_path)]) == Exit.BAD_INPUT
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("unreadable") and "corrupt.h5" in line and "(" in line
 
 
-def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was_built_from(tmp_path, monkeypatch):
-    from hpcfl.runtime.provenance import git_commit
+def test_a_damaged_result_file_gets_one_verdict_from_status_analyze_and_read_run(tmp_path, capsys):
+    from hpcfl.analysis import load
+    from hpcfl.errors import ResultsError
+    from hpcfl.metrics import read_run
 
+    damaged = tmp_path / "damaged.h5"
+    shutil.copy(sorted(Path(__file__).parent.parent.glob("studies/fedcme/results/*.h5"))[0], damaged)
+    with open(damaged, "r+b") as file:              # 4 KiB overwritten inside: the object headers there
+        file.seek(20000)
+        file.write(b"\xff" * 4096)
+    with pytest.raises(ResultsError, match="damaged.h5"):
+        read_run(damaged)
+    assert main(["status", str(damaged)]) == Exit.BAD_INPUT
+    assert capsys.readouterr().out.startswith("unreadable")
+    assert load([damaged]).problems and main(["analyze", "table", str(damaged)]) == Exit.BAD_INPUT
+
+
+def test_the_version_is_a_release_number_written_once_and_the_install_reports_it():
+    from importlib import metadata
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", hpcfl.__version__)      # no tags needed: not 0.2.0.devN+g...
+    assert metadata.version("hpcfl") == hpcfl.__version__
+
+
+def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was_built_from(tmp_path, monkeypatch):
     here = Path(hpcfl.__file__).parent
     head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0:                             # tests running from a git checkout of hpcfl
@@ -142,7 +195,7 @@ def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was
     installed = tmp_path / "site-packages" / "hpcfl"    # an installed copy: no git around it
     installed.mkdir(parents=True)
     monkeypatch.setattr(hpcfl, "__file__", str(installed / "__init__.py"))
-    monkeypatch.setattr(hpcfl, "__commit__", "g1234abc")
+    monkeypatch.setattr(hpcfl, "__commit__", "1234abc")
     assert git_commit() == "1234abc"
     monkeypatch.setattr(hpcfl, "__commit__", "")          # a source tree never built
     assert git_commit() == "unknown"

@@ -9,6 +9,7 @@ import pytest
 from helpers import FAULT_LAUNCHER, assert_same_metrics, launch, run_metrics
 
 from hpcfl.algorithms import ALGORITHMS
+from hpcfl.errors import Exit
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model, count_parameters, model_options
 
@@ -28,6 +29,33 @@ def test_one_process_and_three_ranks_give_the_same_metrics(tiny_job, tmp_path):
     assert_same_metrics(one, three)
     ranks = read_run(tmp_path / "three" / name).arrays["client/rank"]
     assert set(ranks[np.isfinite(ranks)]) == {1, 2}              # the server trains no client
+
+
+# The launcher with mpi4py made unimportable, as after `pip install hpcfl` without the `mpi` extra;
+# it prints which imports of mpi4py were tried.
+WITHOUT_MPI4PY = """
+import atexit, sys
+class NoMpi4py:
+    tried = []
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "mpi4py":
+            NoMpi4py.tried.append(name)
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoMpi4py())
+atexit.register(lambda: print("mpi4py imports tried:", NoMpi4py.tried))
+from hpcfl.launch import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_one_process_runs_without_mpi4py_and_mpirun_without_it_stops_with_the_fix(tiny_job, tmp_path):
+    job = tiny_job(rounds=1)
+    alone = launch(job, "--results-root", tmp_path / "one", launcher=("-c", WITHOUT_MPI4PY))
+    assert alone.returncode == Exit.DONE and "mpi4py imports tried: []" in alone.stdout, alone.stderr
+    ranks = launch(job, "--results-root", tmp_path / "two", ranks=2, launcher=("-c", WITHOUT_MPI4PY))
+    assert ranks.returncode == Exit.BAD_INPUT, ranks.stderr
+    assert "mpi4py cannot be imported" in ranks.stderr and 'pip install "hpcfl[mpi]"' in ranks.stderr
+    assert not (tmp_path / "two").exists()                      # refused before anything was written
 
 
 def test_result_file_records_the_run(tiny_job, tmp_path):

@@ -2,7 +2,8 @@
 by slurm/local-cluster.sh; CI installs them): the MPI job on 3 tasks gives the one-process numbers,
 a sweep runs as a job array (and `hpcfl sweep --submit` sizes it), srun starts the `hpcfl` console
 script as an MPI job, a job signalled with USR1 checkpoints, requeues itself and finishes with the
-metrics of an uninterrupted run, and srun without an MPI plugin is refused with the fix."""
+metrics of an uninterrupted run (in a job array, the signalled task alone), and srun without an MPI
+plugin is refused with the fix."""
 import os
 import shutil
 import subprocess
@@ -89,6 +90,32 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics
     assert_same_metrics(_local_run(job, tmp_path, "straight"),
                         run_metrics(tmp_path / "results" / "slurm" / "requeued.h5"))
 
+
+def test_a_signalled_array_task_requeues_alone(cluster, tmp_path):
+    """Task 1 of a two-task array carries the array's own job id, which scontrol reads as the whole
+    array: only that task may requeue, the other runs on undisturbed, and both end as run straight."""
+    job, straight = tmp_path / "sweep.toml", tmp_path / "straight.toml"
+    straight.write_text(JOB.replace("rounds = 6", "rounds = 12"))
+    job.write_text(straight.read_text() + '[sweep]\ngrid = { "train.lr" = [0.05, 0.1] }\n')
+    array = subprocess.run(["sbatch", "--parsable", "--array=0-1", "-n", "1", "-o", str(tmp_path / "slurm-%A_%a.out"),
+                            SLURM / "sweep.sbatch", str(job), "--results-root", str(tmp_path / "results")],
+                           env=cluster, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    jid = array.stdout.strip().split(";")[0]
+    logs = [tmp_path / f"slurm-{jid}_{task}.out" for task in (0, 1)]
+    _until(lambda: logs[1].exists() and "round    3/" in logs[1].read_text(), 120, "round 3 of task 1")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", f"{jid}_1"], env=cluster, check=True, timeout=30)
+    _until(lambda: all(log.exists() and " INFO wrote " in log.read_text() for log in logs), 240, "both tasks to finish")
+    assert "resuming after round" in logs[1].read_text() and "resuming" not in logs[0].read_text()
+
+    def restarts(task):
+        shown = subprocess.run(["scontrol", "show", "job", f"{jid}_{task}"], env=cluster, capture_output=True,
+                               text=True, timeout=30).stdout
+        return shown.split("Restarts=")[1].split()[0]
+
+    assert (restarts(0), restarts(1)) == ("0", "1")
+    for lr in ("0.05", "0.1"):
+        assert_same_metrics(_local_run(straight, tmp_path, f"straight-{lr}", f"train.lr={lr}"),
+                            run_metrics(tmp_path / "results" / "slurm" / f"sweep-{lr}-seed0.h5"))
 
 def test_srun_without_an_mpi_plugin_is_refused_with_the_fix(cluster, tmp_path):
     job = tmp_path / "job.toml"

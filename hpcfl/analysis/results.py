@@ -68,7 +68,7 @@ def load(paths, metrics=("round/test_acc",), prefixes=()) -> Results:
     rows, series, problems = [], {}, []
     for path in find_files(paths):
         try:
-            run = read_run(path, keys=None if prefixes else metrics)
+            run = read_run(path)              # all of it, as `hpcfl status` does: a damaged file is refused by both
         except ResultsError as err:
             problems.append(str(err))
             continue

@@ -34,7 +34,7 @@ def read_run(path, keys=None) -> RunData:
             return _read(path, file, None if keys is None else set(keys))
     except FileNotFoundError:
         raise ResultsError(f"result file {path} does not exist") from None
-    except (OSError, KeyError, ValueError) as err:
+    except (OSError, KeyError, ValueError, RuntimeError) as err:      # h5py: RuntimeError for a damaged header
         raise ResultsError(
             f"result file {path} cannot be read as HDF5 ({err}); it is not an hpcfl result, is truncated, "
             "or was read during a flush (then read it again)"

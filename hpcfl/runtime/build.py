@@ -28,7 +28,15 @@ from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, lay_out, model_options
 from hpcfl.params import model_params
 from hpcfl.runtime.memory import peak_bytes
-from hpcfl.runtime.placement import assign_clients, client_cost, deal_cohort, memory_format, pick_device, worker_ranks
+from hpcfl.runtime.placement import (
+    assign_clients,
+    client_cost,
+    deal_cohort,
+    idle_workers,
+    memory_format,
+    pick_device,
+    worker_ranks,
+)
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, restore, resume_point
 from hpcfl.runtime.server import Server
@@ -191,6 +199,12 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
                  f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
                  f"{transport.size} rank(s); "
                  f"results -> {config.result_path}")
+        idle = idle_workers(workers, transport.client_rank, config.train.clients_per_round, moving)
+        if idle and transport.size > 1:
+            most = len(workers) - len(idle)
+            LOG.warning(f"rank(s) {', '.join(map(str, idle))} will host no client in any round ({len(workers)} "
+                        f"workers for {len(parts)} clients, {config.train.clients_per_round} per round) and only "
+                        f"wait: launch with at most {most + 1} ranks (mpirun -np {most + 1})")
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,

@@ -43,6 +43,14 @@ def assign_clients(sizes: np.ndarray, workers: list[int]) -> dict[int, int]:
     return out
 
 
+def idle_workers(workers: list[int], homes: dict[int, int], per_round: int, moving: bool) -> list[int]:
+    """The workers that will never train a client: with fixed placement those that are home to none;
+    with clients dealt each round, those past the cohort's size (`deal_cohort` fills the lowest
+    ranks first). A launch with more ranks than that wastes them, so the server warns."""
+    busy = set(workers[:per_round]) if moving else set(homes.values())
+    return [w for w in workers if w not in busy]
+
+
 def client_cost(sizes: np.ndarray, batch_size: int) -> np.ndarray:
     """What dealing balances: each client's batches per local epoch."""
     return np.ceil(np.asarray(sizes) / batch_size)

@@ -20,8 +20,8 @@ def _version(package: str) -> str:
 def git_commit() -> str:
     """The commit of the hpcfl in use: the checkout's HEAD when it runs from one (with "-dirty" for
     uncommitted changes to tracked files), else the commit it was built from (hpcfl.__commit__,
-    recorded by setuptools-scm at install), else 'unknown'."""
-    built = hpcfl.__commit__.removeprefix("g") or "unknown"
+    recorded when it was built), else 'unknown'."""
+    built = hpcfl.__commit__ or "unknown"
     here = str(Path(hpcfl.__file__).parent)
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel", "HEAD"],

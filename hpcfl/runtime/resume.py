@@ -4,7 +4,7 @@
   do; an unfinished one of the same configuration resumes from its newest intact checkpoint;
 - `restore` (every rank): its part of that checkpoint into the built job;
 - `control` (every rank, after each round): whether to checkpoint and whether to stop, the same
-  decision on every rank; a USR1/TERM on any rank (STOP) stops them all after the same round;
+  decision on every rank; a USR1/TERM/INT on any rank (STOP) stops them all after the same round;
 - `write_checkpoint` (every rank): its part of a checkpoint.
 """
 import json
@@ -29,7 +29,7 @@ class RunCompleted(HpcflError):
     """The run's result file is already complete: nothing to do (e.g. a re-submitted sweep)."""
 
 
-STOP = threading.Event()        # set by the launcher's USR1/TERM handler: checkpoint after this round and stop
+STOP = threading.Event()        # set by the launcher's USR1/TERM/INT handler: checkpoint after this round and stop
 
 
 def resume_point(config: JobConfig) -> tuple[bool, int, Path | None]:

@@ -156,7 +156,7 @@ def test_the_owner_keeps_its_lock_fresh_until_it_releases_it(tmp_path, monkeypat
     assert not any(t.name == "hpcfl-lock-heartbeat" and t.is_alive() for t in lock.threading.enumerate())
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_mpirun_checkpoints_and_exits_with_the_resumable_code(sig, tiny_job, tmp_path):
     proc = subprocess.Popen([MPIRUN, "-np", "3", sys.executable, "-m", "hpcfl.launch", str(tiny_job(rounds=30)),
                              "--results-root", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

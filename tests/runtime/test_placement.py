@@ -1,5 +1,6 @@
 """assign_clients: deterministic, counts balanced to +-1, data sizes balanced within that; deal_cohort
-(per-round placement): longest first, within Graham's bound of the best split; pick_device."""
+(per-round placement): longest first, within Graham's bound of the best split; idle_workers names the
+ranks that would never train, and a launch with such ranks warns; pick_device."""
 from collections import Counter
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 
 from hpcfl.errors import ConfigError
 from hpcfl.logs import configure
-from hpcfl.runtime.placement import assign_clients, deal_cohort, pick_device, worker_ranks
+from hpcfl.runtime.placement import assign_clients, deal_cohort, idle_workers, pick_device, worker_ranks
 
 
 def check_counts(assignment, n_clients, workers):
@@ -154,3 +155,22 @@ def test_dealt_rounds_are_balanced_where_fixed_placement_is_not_on_dirichlet_cli
 
 def test_every_rank_but_the_server_trains_unless_there_is_only_one():
     assert worker_ranks(1) == [0] and worker_ranks(2) == [1] and worker_ranks(5) == [1, 2, 3, 4]
+
+
+def test_idle_workers_are_those_no_client_ever_reaches():
+    sizes = np.array([50, 40])
+    homes = assign_clients(sizes, [1, 2, 3])
+    assert idle_workers([1, 2, 3], homes, 2, moving=False) == [3]
+    assert idle_workers([1, 2, 3, 4], assign_clients(sizes, [1, 2, 3, 4]), 1, moving=True) == [2, 3, 4]
+    dealt = set(deal_cohort([0, 1], np.array([2.0, 1.0]), [1, 2, 3, 4]).values())
+    assert idle_workers([1, 2, 3, 4], {}, 2, moving=True) == sorted({1, 2, 3, 4} - dealt)
+    assert idle_workers([1, 2], assign_clients(np.array([5, 4, 3]), [1, 2]), 1, moving=False) == []
+
+
+def test_a_launch_with_more_workers_than_clients_names_the_idle_ranks(tiny_job, tmp_path):
+    from helpers import launch
+
+    result = launch(tiny_job(rounds=1), "--results-root", tmp_path, "--set", "data.num_clients=2",
+                    "--set", "train.clients_per_round=2", ranks=4)
+    assert result.returncode == 0, result.stderr
+    assert "rank(s) 3 will host no client in any round" in result.stderr and "mpirun -np 3" in result.stderr

@@ -38,12 +38,19 @@ def _args(job, tmp_path, name):
 
 def _interrupt(job, tmp_path, name, after_round: int, sig) -> int:
     """Launch the job, send `sig` once round `after_round` is logged; the exit status."""
+    return _signalled(job, tmp_path, name, {f" round {after_round:>4}/": sig})[0]
+
+
+def _signalled(job, tmp_path, name, cues: dict) -> tuple[int, str]:
+    """Launch the job and send cues[text] once a line with `text` is logged; (exit status, output)."""
     proc = subprocess.Popen([sys.executable, "-m", "hpcfl.launch", *_args(job, tmp_path, name)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
     for line in proc.stdout:
-        if f" round {after_round:>4}/" in line:
-            proc.send_signal(sig)
-    return proc.wait(timeout=120)
+        lines.append(line)
+        for text in [text for text in cues if text in line]:
+            proc.send_signal(cues.pop(text))
+    return proc.wait(timeout=120), "".join(lines)
 
 
 # scaffold: client state; moon: a loss term's client state; fedma: global widths carried over; fedadagrad,
@@ -62,6 +69,27 @@ def test_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm,
     assert read_run(path).attrs["status"] == "completed" and not checkpoint_root(path).exists()
     assert main(_args(job, tmp_path, "cut")) == 0                            # complete: nothing to do
     assert "already complete" in capsys.readouterr().out
+
+
+def test_ctrl_c_checkpoints_after_the_round_and_the_run_resumes_to_the_same_metrics(tmp_path, capsys):
+    job = _job(tmp_path, "fedavg")
+    assert main(_args(job, tmp_path, "full")) == 0
+    code, out = _signalled(job, tmp_path, "cut", {" round    3/": signal.SIGINT})
+    assert code == 3 and "Traceback" not in out and out.count("run the same command again to resume") == 1, out
+    path = tmp_path / "results" / "resume" / "cut.h5"
+    assert read_run(path).attrs["status"] == "interrupted" and read_run(path).rounds < 6
+    assert main(_args(job, tmp_path, "cut")) == 0
+    assert "resuming after round" in capsys.readouterr().out
+    assert_same_metrics(run_metrics(path.with_name("full.h5")), run_metrics(path), exact=True)
+
+
+def test_a_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
+    job = _job(tmp_path, "fedavg")
+    job.write_text(job.read_text().replace("momentum = 0.5", "momentum = 0.5\nlocal_epochs = 10"))  # a round > 1 s
+    cues = {" round    2/": signal.SIGINT, "Ctrl-C again to abort": signal.SIGINT}
+    code, out = _signalled(job, tmp_path, "cut", cues)
+    assert code == 1 and "interrupted (Ctrl-C): stopped at once" in out and "Traceback" not in out, out
+    assert 2 <= read_run(tmp_path / "results" / "resume" / "cut.h5").rounds < 6
 
 
 def test_a_killed_run_resumes_from_its_last_checkpoint_and_redoes_later_rounds(tmp_path, capsys):

@@ -22,7 +22,11 @@ for segment in $(find /dev/shm -maxdepth 1 -name 'mpich_shm_*' -user "$(id -u)" 
 done
 rm -f "$started"
 if [ "$status" -eq 3 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    echo "hpcfl: checkpointed; requeueing job $SLURM_JOB_ID to resume"
-    scontrol requeue "$SLURM_JOB_ID"
+    # In a job array one task's SLURM_JOB_ID can be the array's own id, which scontrol reads as every
+    # task of the array: name the task as ARRAYID_TASK so that only this one requeues.
+    job=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}
+    job=${job:-$SLURM_JOB_ID}
+    echo "hpcfl: checkpointed; requeueing job $job to resume"
+    scontrol requeue "$job"
 fi
 exit "$status"

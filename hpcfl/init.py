@@ -1,0 +1,36 @@
+"""Write hpcfl's SLURM scripts and example job files into a folder, to edit: `hpcfl init [DIR]`.
+
+They ship inside the package (hpcfl/templates/: slurm/ and jobs/), so a `pip install` without the
+repository has them; but a site edits slurm/site.sh and its job files, and site-packages is no place
+for that, so this command copies them out. Files that already exist are kept (never overwritten), so
+running it again after an upgrade adds only what is new. `hpcfl sweep --submit` uses the packaged
+sweep.sbatch when the folder it runs in has no slurm/.
+"""
+import argparse
+import shutil
+from pathlib import Path
+
+from hpcfl.errors import Exit, exit_help
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"     # the repository's slurm/ and jobs/ link here
+
+
+def main(argv=None, prog: str = "hpcfl init") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", nargs="?", default=".", help="where slurm/ and jobs/ go (default: here)")
+    folder = Path(parser.parse_args(argv).folder)
+    written, kept = 0, []
+    for source in sorted(p for p in TEMPLATES.rglob("*") if p.is_file()):
+        target = folder / source.relative_to(TEMPLATES)
+        if target.exists():
+            kept.append(str(target))
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)                           # the scripts stay executable
+        written += 1
+    print(f"hpcfl: wrote {written} files to {folder / 'slurm'} and {folder / 'jobs'}"
+          + (f"; kept {len(kept)} that exist: {' '.join(kept)}" if kept else ""))
+    print(f"next: edit {folder / 'slurm' / 'site.sh'} for your site, then from {folder}: "
+          "sbatch slurm/hpcfl.sbatch jobs/quickstart.toml")
+    return Exit.DONE
