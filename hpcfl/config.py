@@ -107,10 +107,11 @@ class TrainConfig:
     on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf is left out of the aggregate and
                                     # recorded (client/nonfinite); stop: end the run after that round (exit 1);
                                     # drop: go on, the client keeping its state of before the round
-    batched_clients: int = 0        # train up to this many of a worker's sampled clients as one batched
-                                    # computation (for GPUs; slower on a CPU); plain local training only (fedavg,
-                                    # fedavgm, fedadagrad, fedadam, fedyogi, fednova; no terms, no dropout or
-                                    # BatchNorm); 0: one after another
+    batched_clients: int | str = "auto"     # train up to this many of a worker's sampled clients as one batched
+                                    # computation, equal to one after another to float rounding: every algorithm
+                                    # but fedma, no dropout; 0: one after another; auto: on a GPU a worker's
+                                    # whole share of the cohort where the job allows it, on a CPU (slower there)
+                                    # one after another
 
 
 @dataclass(frozen=True)
@@ -195,12 +196,12 @@ CHOICES = {
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
             "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
 NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.momentum", "train.weight_decay",
-                "data.local_test_ratio", "run.checkpoint_every", "run.round_timeout_s", "train.batched_clients"}
+                "data.local_test_ratio", "run.checkpoint_every", "run.round_timeout_s"}
 # Keys that change how a run computes, not what: its numbers at most to float rounding (the device, the
-# threads, the convolutions' layout). A run may resume with other values, and the analysis never
-# groups or pairs runs by them.
+# threads, the convolutions' layout, clients trained together). A run may resume with other values, and
+# the analysis never groups or pairs runs by them.
 NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_keep", "run.round_timeout_s",
-                   "run.threads", "run.device", "run.placement", "run.memory_format")
+                   "run.threads", "run.device", "run.placement", "run.memory_format", "train.batched_clients")
 NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 
 
@@ -303,6 +304,10 @@ def _check_values(job: JobConfig) -> None:
     for key in NON_NEGATIVE:
         if flat[key] < 0:
             raise ConfigError(f"{key} = {flat[key]!r} must be >= 0")
+    group = job.train.batched_clients
+    if group != "auto" and (not isinstance(group, int) or isinstance(group, bool) or not 0 <= group < 2 ** 63):
+        raise ConfigError(f"train.batched_clients = {group!r} must be 'auto' or a number of clients >= 0 (0: one "
+                          "after another)")
     if job.data.seed < -1:
         raise ConfigError(f"data.seed = {job.data.seed} must be >= 0, or -1 to split with run.seed")
     if not 0.0 <= job.data.validation_fraction < 1.0:

@@ -65,7 +65,7 @@ def check_registries(job: JobConfig) -> None:
     resolved_params(job)
     algorithm = ALGORITHMS[job.algorithm.name]
     algorithm.check(job)
-    if job.train.batched_clients:
+    if job.train.batched_clients != "auto" and job.train.batched_clients:      # asked for: refused if it cannot
         check_batched(job, algorithm, sorted(name for name, cls in ALGORITHMS.items() if cls.traits.batched))
     if job.eval.forgetting and not algorithm.traits.global_model:
         raise ConfigError(f"eval.forgetting compares local models with the global model, which algorithm "

@@ -44,7 +44,7 @@ from hpcfl.runtime.worker import Worker
 from hpcfl.seeding import cohort_schedule, torch_seed
 from hpcfl.terms import adapt_model
 from hpcfl.training import LocalTrainer
-from hpcfl.training.batched import BatchedTrainer
+from hpcfl.training.batched import BatchedTrainer, group_size
 from hpcfl.transport import Transport
 
 LOG = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
                     clients[cid].shared = shared_xy
                 clients[cid].state = algorithm.init_client_state(clients[cid], models[clients[cid].architecture])
         trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
-        group = config.train.batched_clients
+        group = group_size(config, ALGORITHMS[config.algorithm.name], models.values(), device)
         batched = BatchedTrainer(trainer, models.values(), group) if group else None
         worker = Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
                         config.train.on_nonfinite == "drop", batched, moving)

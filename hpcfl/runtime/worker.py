@@ -20,7 +20,7 @@ from hpcfl.algorithms.base import Algorithm, Client
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.errors import HpcflError
 from hpcfl.models.evaluation import evaluate
-from hpcfl.training.batched import Recorded, Recording
+from hpcfl.training.batched import Recorded, Recording, Trained
 
 
 class Worker:
@@ -96,25 +96,32 @@ class Worker:
 
     def _trainer(self, phase: Phase, round: int, hosted: list[int], downlink: dict, replies: dict | None):
         """What the clients' updates train with: with train.batched_clients and an algorithm that allows it,
-        their results, trained together up front from what a first run of each update recorded (its
-        client state put back after); else the trainer, one client after another."""
+        a Trained answering each `train` call with the model its group trained, else the trainer, one
+        client after another. The calls are recorded in passes over the updates (each client's state put
+        back after): a pass runs every update up to its first call not trained yet, the calls recorded
+        train together, and the next pass goes on from them (FedClassAvg's warm-up, then its round)."""
         if not (self.batched and hosted and self.algorithm.traits.batched):
             return self.trainer
-        recording = Recording()
-        for cid in hosted:
-            client = self.clients[cid]
-            model = self.algorithm.client_model(client, self.models[client.architecture])
-            kept = _moved(client.kept(), lambda t: t.to(self.device, copy=True))
-            client.keep(_moved(kept, torch.clone))
-            try:
-                self.client_update(phase, round, client, _received(downlink, replies, cid), model, recording)
-            except Recorded:
-                pass
-            else:                   # a phase without training (FedFM's anchors): nothing to train together
-                return self.trainer
-            finally:
-                client.keep(kept)
-        return self.batched.train(recording.requests, round, self.trainer)
+        results = {}
+        while True:
+            recording = Recording(self.trainer, results)
+            for cid in hosted:
+                client = self.clients[cid]
+                model = self.algorithm.client_model(client, self.models[client.architecture])
+                kept = _moved(client.kept(), lambda t: t.to(self.device, copy=True))
+                client.keep(_moved(kept, torch.clone))
+                try:
+                    self.client_update(phase, round, client, _received(downlink, replies, cid), model, recording)
+                except Recorded:
+                    pass
+                else:                        # a phase without training (FedFM's anchors): nothing to batch
+                    if not results and not recording.requests:
+                        return self.trainer
+                finally:
+                    client.keep(kept)
+            if not recording.requests:
+                return Trained(self.trainer, results)
+            results.update(self.batched.train(recording.requests))
 
     def gather(self, phase: MatchPhase, round: int, hosted: list[int]) -> dict[int, np.ndarray]:
         """A matching phase's opening: the hosted sampled clients' tensors for the server."""

@@ -25,6 +25,7 @@ generator on the sequential path, which vmap cannot reproduce: such models are r
 A group whose clients' contexts cannot be stacked (different shapes, e.g. FedKA's anchor sets) trains
 one client at a time, and the log says so once.
 """
+import copy
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from torch.func import functional_call, vmap
 
 from hpcfl.config import JobConfig, TrainConfig
 from hpcfl.errors import ConfigError
+from hpcfl.models import load_state
 from hpcfl.terms import TERMS, Frozen, Term
 from hpcfl.training import batch_loss
 
@@ -57,6 +59,25 @@ def check_job(job: JobConfig, algorithm: type, supported: list[str]) -> None:
     if odd:
         raise ConfigError(f"{KEY} = {job.train.batched_clients}: the terms {odd} in algorithm.terms do not declare "
                           f"that they run under vmap (Term.batchable): drop them, or set {KEY} = 0")
+
+
+def group_size(job: JobConfig, algorithm: type, models, device: torch.device) -> int:
+    """How many of its sampled clients a worker trains together: train.batched_clients as given, or for
+    'auto' its whole share of the cohort on a GPU, where a step of one small client leaves the device
+    idle, if the job allows it (else the log says why), and none on a CPU, where batching is slower."""
+    group = job.train.batched_clients
+    if group != "auto":
+        return group
+    if device.type != "cuda":
+        return 0
+    try:
+        check_job(job, algorithm, [])
+        for model in models:
+            check_model(model)
+    except ConfigError as why:
+        LOG.info(f"{KEY} = 'auto': clients train one after another: {why}")
+        return 0
+    return job.train.clients_per_round
 
 
 def check_model(model: nn.Module) -> None:
@@ -107,23 +128,14 @@ class Recorded(BaseException):
 class Request:
     """What one client's `train` call would train."""
     client: object
+    round: int                           # what the call passed: FedClassAvg's warm-up trains as round 0
     model: nn.Module
     start: Tensors                       # the model's state_dict at the call
     terms: tuple[Term, ...]
     contexts: list[dict]                 # each term's attributes after its `start` (a Frozen as its net's state)
     epochs: range | None
-
-
-class Recording:
-    """The first pass's trainer: records the call, then ends the client_update."""
-
-    def __init__(self):
-        self.requests: list[Request] = []
-
-    def train(self, model: nn.Module, client, round: int, terms=(), epochs=None):
-        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.requests.append(Request(client, model, start, tuple(terms), [_context(t) for t in terms], epochs))
-        raise Recorded
+    seed: int                            # the trainer's, which an algorithm may change on a copy of it
+    cfg: TrainConfig                     # (FedClassAvg's warm-up draws, FedMA's last-layer lr)
 
 
 def _context(term: Term) -> dict:
@@ -213,35 +225,54 @@ class BatchedTrainer:
         for model in models:
             check_model(model)
         self.trainer, self.group = trainer, group
-        self.optimizer = Optimizer(trainer.cfg)
         self.said = False
 
-    def train(self, requests: list[Request], round: int, fallback) -> "Trained":
-        """Every recorded client's local training of `round`; `fallback` trains what could not batch."""
-        kinds = defaultdict(list)            # the same model instance, terms and part of the epochs
+    def train(self, requests: list[Request]) -> dict:
+        """Every recorded call's trained model, metrics and terms' contexts, by `key`."""
+        kinds = defaultdict(list)            # the same model instance, terms, part of the epochs and trainer
         for r in requests:
-            kinds[id(r.model), tuple(map(id, r.terms)), r.epochs].append(r)
+            kinds[r.round, id(r.model), tuple(map(id, r.terms)), r.epochs, r.seed, repr(r.cfg)].append(r)
         results = {}
         for same in kinds.values():
             for first in range(0, len(same), self.group):
                 part = same[first:first + self.group]
                 try:
-                    results.update(self._train_group(part, round))
+                    results.update(self._train_group(part))
                 except Unbatchable as why:
                     if not self.said:
                         LOG.info(f"{KEY}: clients {[r.client.id for r in part]} train one at a time: {why}")
                         self.said = True
+                    results.update(self._train_alone(r) for r in part)
                 except Exception as err:
-                    err.add_note(f"hpcfl: in clients {[r.client.id for r in part]} trained together, round {round + 1}")
+                    err.add_note(f"hpcfl: in clients {[r.client.id for r in part]} trained together, "
+                                 f"round {part[0].round + 1}")
                     raise
                 finally:
                     _restore(part[0])
-        return Trained(results, fallback)
+        return results
 
-    def _train_group(self, requests: list[Request], round: int) -> dict:
+    def _train_alone(self, r: Request) -> tuple[tuple, tuple]:
+        """One recorded call trained on its own, as the sequential path would."""
+        trainer = _as(self.trainer, r.seed, r.cfg)
+        load_state(r.model, r.start)
+        for term, ctx in zip(r.terms, r.contexts, strict=True):
+            for name, value in ctx.items():
+                if isinstance(value, _Net):
+                    load_state(value.net, value.state)
+                else:
+                    setattr(term, name, value)
+        metrics = trainer.train(r.model, r.client, r.round, r.terms, r.epochs)
+        state = {k: v.detach().clone() for k, v in r.model.state_dict().items()}
+        after = [{name: getattr(term, name) for name, v in ctx.items() if not isinstance(v, _Net)}
+                 for term, ctx in zip(r.terms, r.contexts, strict=True)]
+        return key(r.client, r.round, r.epochs, r.seed), (state, metrics, after, r.cfg)
+
+    def _train_group(self, requests: list[Request]) -> dict:
         """Step t trains every client that has a t-th batch, one vmapped call per batch length; returns
         each client's model state and metrics."""
-        trainer, model, terms, epochs = self.trainer, requests[0].model, requests[0].terms, requests[0].epochs
+        model, terms, epochs, round = requests[0].model, requests[0].terms, requests[0].epochs, requests[0].round
+        trainer = _as(self.trainer, requests[0].seed, requests[0].cfg)
+        optimizer = Optimizer(trainer.cfg)
         clients, device = [r.client for r in requests], requests[0].client.y.device
         contexts = [{name: _stack(f"{type(term).__name__}.{name}", [r.contexts[j][name] for r in requests])
                      for name in requests[0].contexts[j]} for j, term in enumerate(terms)]
@@ -268,7 +299,7 @@ class BatchedTrainer:
         trained = [n for n, p in model.named_parameters() if p.requires_grad]
         buffers = _stacked("model", [r.start for r in requests])
         params = {n: buffers.pop(n) for n in trained}
-        slots = self.optimizer.init(params)
+        slots = optimizer.init(params)
         plans = [trainer.plan(model, c, round, "cpu", epochs) for c in clients]
         augment = [trainer.augmenter(c, round, terms, epochs) for c in clients]
         offsets = torch.tensor([0, *[c.num_samples for c in clients]]).cumsum(0).tolist()
@@ -294,7 +325,7 @@ class BatchedTrainer:
                     loss = vmap(loss_of, in_dims=(0, 0, 0, 0, 0, None if second is None else 0),
                                 randomness="error")(p, b, own, xb, yb, second)
                     grads = dict(zip(p, torch.autograd.grad(loss.sum(), list(p.values())), strict=True))
-                new, new_slots = self.optimizer.step({n: v.detach() for n, v in p.items()}, grads,
+                new, new_slots = optimizer.step({n: v.detach() for n, v in p.items()}, grads,
                                                      _select(slots, index), t + 1)
                 params, buffers = _put(params, index, new), _put(buffers, index, b)
                 per_client = [{name: v if isinstance(v, _Net) else _put(v, index, mine[name])
@@ -302,11 +333,20 @@ class BatchedTrainer:
                 slots = {k: _put(slots[k], index, new_slots[k]) for k in slots}
                 for c, value in zip(members, (loss.detach() * yb.shape[1]).tolist(), strict=True):
                     totals[c], seen[c] = totals[c] + value, seen[c] + yb.shape[1]
-        return {(c.id, epochs): ({n: v[i] for n, v in {**params, **buffers}.items()},
+        return {key(c, round, epochs, trainer.seed): ({n: v[i] for n, v in {**params, **buffers}.items()},
                                  {"train_loss": totals[i] / max(seen[i], 1), "steps": float(len(plans[i]))},
                                  [{name: _row(v, i) for name, v in ctx.items() if not isinstance(v, _Net)}
-                                  for ctx in per_client])
+                                  for ctx in per_client], trainer.cfg)
                 for i, c in enumerate(clients)}
+
+
+def _as(trainer, seed: int, cfg: TrainConfig):
+    """`trainer` with another seed and settings (the trainer an algorithm made from a copy of its own)."""
+    if (seed, cfg) == (trainer.seed, trainer.cfg):
+        return trainer
+    other = copy.copy(trainer)
+    other.seed, other.cfg = seed, cfg
+    return other
 
 
 def _row(tree, i: int):
@@ -322,17 +362,24 @@ def _restore(request: Request) -> None:
                 setattr(term, name, value)
 
 
-class Trained:
-    """The second pass's trainer: loads the model its group trained (what did not batch trains here)."""
+def key(client, round: int, epochs: range | None, seed: int) -> tuple:
+    """One `train` call of a client_update: FedClassAvg's warm-up and its round's training are two."""
+    return client.id, round, epochs, seed
 
-    def __init__(self, results: dict, fallback):
-        self.results, self.fallback = results, fallback
+
+class Trained:
+    """A trainer that answers a client's `train` call with the model its group trained (`results`, by
+    `key`), with this trainer's seed and settings, which an algorithm may change on a copy of it."""
+
+    def __init__(self, trainer, results: dict):
+        self.results, self.trainer = results, trainer
+        self.seed, self.cfg = trainer.seed, trainer.cfg
 
     def train(self, model: nn.Module, client, round: int, terms=(), epochs=None) -> dict[str, float]:
-        found = self.results.pop((client.id, epochs), None)
-        if found is None:
-            return self.fallback.train(model, client, round, terms, epochs)
-        state, metrics, contexts = found
+        found = self.results.get(key(client, round, epochs, self.seed))
+        if found is None or found[3] != self.cfg:
+            return self.missing(model, client, round, terms, epochs)
+        state, metrics, contexts, _ = found
         model.train()
         with torch.no_grad():
             for name, value in model.state_dict().items():
@@ -341,3 +388,21 @@ class Trained:
             for name, value in context.items():
                 setattr(term, name, value)
         return dict(metrics)
+
+    def missing(self, model, client, round, terms, epochs) -> dict[str, float]:
+        return _as(self.trainer, self.seed, self.cfg).train(model, client, round, terms, epochs)
+
+
+class Recording(Trained):
+    """The trainer of a recording pass: answers the calls trained already, records the first that is
+    not (with the model's state and the terms' contexts), then ends the client_update."""
+
+    def __init__(self, trainer, results: dict):
+        super().__init__(trainer, results)
+        self.requests: list[Request] = []
+
+    def missing(self, model, client, round, terms, epochs):
+        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.requests.append(Request(client, round, model, start, tuple(terms), [_context(t) for t in terms],
+                                     epochs, self.seed, self.cfg))
+        raise Recorded

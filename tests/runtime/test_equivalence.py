@@ -84,6 +84,14 @@ def test_one_process_and_all_ranks_give_the_same_metrics(algorithm, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", sorted(n for n, cls in ALGORITHMS.items() if cls.traits.batched))
+def test_clients_trained_together_give_the_one_process_metrics_on_all_ranks(algorithm, tmp_path):
+    """train.batched_clients: each worker trains its share of the cohort as groups, whose members and
+    sizes depend on the number of ranks; the metrics must not."""
+    _compare_with_one_process(algorithm, tmp_path, "train.batched_clients=3")
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedcme", "fedclassavg", "fedfm", "fedfm_lite", "fedka", "fedproto"])
 def test_clients_holding_uint8_pixels_give_the_same_metrics_on_all_ranks(algorithm, tmp_path):
     """An image set's CPU clients hold uint8 pixels and normalise each batch (Client.inputs); the

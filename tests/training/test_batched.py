@@ -21,7 +21,7 @@ from hpcfl.launch import main
 from hpcfl.models import build_model, load_state
 from hpcfl.terms import Term
 from hpcfl.training import LocalTrainer
-from hpcfl.training.batched import BatchedTrainer, Recorded, Recording, check_model
+from hpcfl.training.batched import BatchedTrainer, Recorded, Recording, Trained, check_model, group_size
 
 SIZES = (23, 40, 57, 16, 9)         # batch 16: ragged last batches, 2 to 8 steps over two epochs
 TRAINING = {"sgd": {"momentum": 0.9, "weight_decay": 1e-3, "lr": 0.05},
@@ -55,7 +55,7 @@ class Unvouched(Term):
 
 def _record(trainer, model, clients, start, terms=()):
     """What a worker's first pass records: each client's train call from `start`."""
-    recording = Recording()
+    recording = Recording(trainer, {})
     for client in clients:
         load_state(model, start)
         for term in terms:
@@ -75,7 +75,8 @@ def test_clients_trained_together_match_one_by_one(setting, model_name):
     torch.manual_seed(0)
     model = build_model(model_name, (1, 8, 8), 10)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    trained = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start), 2, None)
+    results = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start))
+    trained = Trained(trainer, results)
     for client in clients:                                                          # groups of 3 and 2
         load_state(model, start)
         expected = trainer.train(model, client, 2)
@@ -95,8 +96,8 @@ def test_a_group_whose_contexts_do_not_stack_trains_one_by_one_and_says_so(caplo
     model = build_model("fmnist_cnn", (1, 8, 8), 10)
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with caplog.at_level(logging.INFO, logger="hpcfl.training.batched"):
-        trained = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start, [term]),
-                                                                  2, trainer)
+        results = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start, [term]))
+    trained = Trained(trainer, results)
     assert "clients [0, 1, 2] train one at a time: 'Ragged.target' has shapes" in caplog.text
     for client in clients:
         load_state(model, start)
@@ -139,6 +140,10 @@ CASES = {
     "fedfm_lite": ADAM + ("algorithm.params.start_round=1", "algorithm.params.weight=1.0"),
     "fedcme": SGD + ("train.local_epochs=2",), "fedproto": ADAM + HETEROGENEOUS,
     "fedclassavg": ADAM + HETEROGENEOUS + ("model.params={preactivation=true}",),
+    # its warm-up, then its round: two train calls (not Adam: where a gradient is near zero Adam makes rounding
+    # a full step, and the warm-up's carries into the round)
+    "fedclassavg-warmup": SGD + HETEROGENEOUS + ("model.params={preactivation=true}",
+                                                 "algorithm.params.warmup_epochs=1"),
     "local_only": SGD + ("algorithm.terms.supcon.weight=0.5",), "ensemble": ADAM + EVERY_CLIENT,
 }
 
@@ -150,9 +155,9 @@ def test_the_launcher_records_the_same_metrics_batched(tiny_job, tmp_path, case,
     together_trained = []                         # (round, client) of every client a group trained
     group = BatchedTrainer._train_group
 
-    def spy(self, requests, round):
-        results = group(self, requests, round)
-        together_trained.extend((round, r.client.id) for r in requests)
+    def spy(self, requests):
+        results = group(self, requests)
+        together_trained.extend((r.round, r.client.id) for r in requests)
         return results
 
     monkeypatch.setattr(BatchedTrainer, "_train_group", spy)
@@ -199,3 +204,24 @@ def test_a_model_with_dropout_is_refused_naming_the_key():
     for model in (build_model("vgg9", (3, 32, 32), 10), nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))):
         with pytest.raises(ConfigError, match="train.batched_clients"):
             check_model(model)
+
+
+def test_auto_trains_a_workers_whole_share_together_on_a_gpu_where_the_job_allows_it(caplog):
+    models = [build_model("fmnist_cnn", (1, 8, 8), 10)]
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")       # only the device's type is read
+    job = job_from_dict({"train": {"clients_per_round": 7}})
+    assert job.train.batched_clients == "auto"                   # the default
+    assert group_size(job, ALGORITHMS["fedavg"], models, cuda) == 7
+    assert group_size(job, ALGORITHMS["fedavg"], models, cpu) == 0
+    with caplog.at_level(logging.INFO, logger="hpcfl.training.batched"):
+        assert group_size(job, ALGORITHMS["fedavg"], [build_model("vgg9", (3, 32, 32), 10)], cuda) == 0
+        fedma = job_from_dict({"algorithm": {"name": "fedma"}, "train": {"clients_per_round": 20}})
+        assert group_size(fedma, ALGORITHMS["fedma"], models, cuda) == 0
+    assert "one after another" in caplog.text and "Dropout" in caplog.text and "'fedma'" in caplog.text
+    assert group_size(job_from_dict({"train": {"batched_clients": 3}}), ALGORITHMS["fedavg"], models, cpu) == 3
+
+
+@pytest.mark.parametrize("value", ["fast", -1, True, 1.5])
+def test_a_bad_batched_clients_is_refused_naming_the_key(value):
+    with pytest.raises(ConfigError, match="train.batched_clients"):
+        job_from_dict({"train": {"batched_clients": value}})
