@@ -220,7 +220,8 @@ def test_traits_are_one_record_inherited_but_for_the_promises_about_client_updat
 
     assert FedAvg.traits.batched and FedAvg.traits.stateless
     assert Quiet.traits == FedAvg.traits.but(batched=False, stateless=False)
-    assert ALGORITHMS["ensemble"].traits == Traits(client_test=True, global_model=False, heterogeneous=True)
+    assert ALGORITHMS["ensemble"].traits == Traits(client_test=True, global_model=False, heterogeneous=True,
+                                                   batched=True)
     with pytest.raises(TypeError, match=r"traits = Traits\(stateless=...\)"):
         type("Old", (Algorithm,), {"name": "old", "stateless": True})     # an earlier release's class flag
 

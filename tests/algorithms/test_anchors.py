@@ -93,6 +93,7 @@ def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives
     with torch.no_grad():
         model.eval()
         features = model.features(x).double()
-    torch.testing.assert_close(got["sums"][0], features[y == 0].sum(0))
-    torch.testing.assert_close(got["sums"][1], features[y == 1].sum(0))
+    # float32 products in batches of 3 and of 8 differ in rounding (the BLAS kernel follows the batch)
+    torch.testing.assert_close(got["sums"][0], features[y == 0].sum(0), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got["sums"][1], features[y == 1].sum(0), rtol=1e-6, atol=1e-6)
     assert ANCHORS == "anchors" and anchor_layouts(2, 4)[0].names == ("anchors", "known")   # the result files' names

@@ -314,7 +314,7 @@ def test_fedproto_skips_classes_without_a_prototype_keeps_each_clients_model_and
     features = torch.tensor([[1.0, 3.0], [5.0, 5.0]])
     # class 1 has no prototype yet: only sample 0 counts, (0, 2) off -> MSE 2
     assert term.loss(None, None, torch.tensor([0, 1]), features, None).item() == pytest.approx(2.0)
-    assert term.loss(None, None, torch.tensor([1, 1]), features, None) is None
+    assert term.loss(None, None, torch.tensor([1, 1]), features, None).item() == 0.0     # no prototype: no pull
     phase, me = algo.plan(0)[0], client(0, samples=2)
     me.x, me.y = torch.ones(2, 2), torch.tensor([0, 1])
     algo.init_client_state(me, Tiny(1.0))

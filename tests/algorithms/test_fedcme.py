@@ -81,7 +81,7 @@ def test_feature_alignment_matches_equation_9_and_accumulates_features():
     assert torch.equal(me.term_state["fa"]["counts"], torch.tensor([2.0, 1.0, 1.0, 0.0], dtype=torch.float64))
     assert torch.equal(me.term_state["fa"]["sums"][2], torch.tensor([1.0, 1.0], dtype=torch.float64))
     term.start(None, me, 0, {FEATURES: {"anchors": torch.zeros(4, 2), "known": torch.zeros(4)}})
-    assert term.loss(None, None, LABELS_BATCH, FEATURES_BATCH, None) is None      # nothing known: no term
+    assert term.loss(None, None, LABELS_BATCH, FEATURES_BATCH, None).item() == 0.0   # nothing known: no pull
     assert me.term_state["fa"]["counts"].tolist() == [4.0, 2.0, 2.0, 0.0]                # after the swap: summed on
 
 
@@ -300,7 +300,7 @@ def test_two_rounds_by_hand_the_evaluation_vectors_and_features_of_round_0_drive
         (8.0, 7.0, [1.0, 0.0, 2.0], 3.0), (10.0, 10.0, [0.0, 3.0, 0.0], 1.0)]
     assert all(out["second"][k][1] == {"train_loss": (1.0 * 2 + 2.0 * 2) / 4, "steps": 4.0} for k in range(5))
     assert all(clients[k].kept() == {"": {}} for k in range(6))  # nothing of the round is kept
-    assert [trainer.losses(0, k) for k in range(5)] == [[[None], [None]]] * 5     # no global feature yet
+    assert [trainer.losses(0, k) for k in range(5)] == [[[0.0], [0.0]]] * 5     # no global feature yet: no pull
     # FedAvg over 3 + 2 + 4 + 3 + 1 = 13 samples
     assert _close(state["model.body.weight"], [[1.0], [0.0]]) and _close(state["model.body.bias"], [0.0, 72 / 13])
     assert _close(state["model.classifier.weight"], [[74 / 13] * 2] * 3)
