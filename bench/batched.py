@@ -1,112 +1,133 @@
-"""Local training of a worker's sampled clients one after another vs together (train.batched_clients).
+"""Each method's local training with a worker's sampled clients one after another against together
+(train.batched_clients), through the launcher, on one device.
 
-The job's clients (quickstart: FMNIST CNN, Fashion-MNIST Dir(0.5), 20 clients, 10 sampled per round)
-all on one worker: each round's cohort trains from the same model, once with LocalTrainer client
-by client and once with BatchedTrainer (groups of --group), each result loaded into the model as the
-worker does. On the CPU with one torch thread, and on CUDA when there is a GPU (synchronised around
-the timings). Prints seconds per round, samples per second, the speed-up and the largest absolute
-difference between the two paths' trained models; on the CPU also that of the sequential path against
-itself with torch's oneDNN convolutions off, the spread that fp32 rounding alone gives.
+Each case runs the same job twice per repeat, sequential (batched_clients = 0) and batched (a worker's
+whole share of the cohort), the order alternating between repeats, and reads the result files: the
+training phases' seconds per round (round 1 left out: kernels and the CUDA context warm up there), the
+speed-up sequential / batched (a figure > 1 is batching's gain) and the largest difference between the
+two runs' test accuracies (the paths agree to float rounding; it is the drift that rounding gives).
+The cases are the quickstart's FedAvg and the seed papers' methods on it, FedClassAvg on its three
+widths, and FedFM's own regime: ResNet-18 with the ImageNet stem on CIFAR-shaped synthetic images (10
+clients x 5,000 images of 32 x 32 x 3, batch 64, E = 1), whose seconds per round project FedFM's 100
+rounds at E = 10. Writes batched.md (the table) and batched.json into --out.
 
-    flock /tmp/hpcfl-bench.lock python bench/batched.py [--job jobs/quickstart.toml] [--rounds 2] [--group 10]
+    python bench/batched.py --device cuda --out OUT [--cases fedavg,fedcme] [--rounds 3] [--repeat 2]
+    python bench/batched.py --smoke --out OUT        # two rounds of two tiny cases on the CPU (CI runs it)
 """
 import argparse
+import contextlib
+import io
+import json
+import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Client
-from hpcfl.data.base import resolve_data_root
-from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import partition
-from hpcfl.jobs import load_job
-from hpcfl.models import build_model, lay_out, load_state
-from hpcfl.runtime.placement import memory_format
-from hpcfl.seeding import cohort_schedule, torch_seed
-from hpcfl.training import LocalTrainer
-from hpcfl.training.batched import BatchedTrainer
+from hpcfl.data.base import Dataset
+from hpcfl.launch import main as launch
+from hpcfl.metrics import read_run
+
+QUICKSTART = "jobs/quickstart.toml"
+HETEROGENEOUS = ["model.architectures=['fmnist_cnn_narrow','fmnist_cnn','fmnist_cnn_wide']",
+                 "model.params={preactivation=true}", "data.local_test_ratio=0.3",
+                 "data.partition='dirichlet_equal'", "data.partition_params={beta=0.5,size=1000}"]
+CASES = {
+    "fedavg": [],
+    "fedfm-cg": ["algorithm.name='fedfm'", "algorithm.params.start_round=1"],
+    "fedcme": ["algorithm.name='fedcme'", "train.local_epochs=2"],
+    "fedka": ["algorithm.name='fedka'"],
+    "fedclassavg": ["algorithm.name='fedclassavg'", *HETEROGENEOUS],
+    "moon": ["algorithm.name='moon'"],
+    "scaffold": ["algorithm.name='scaffold'"],
+    "resnet18-fedfm": ["algorithm.name='fedfm'", "algorithm.params.start_round=1",
+                       "data.dataset='batched:cifar_shaped'",          # this file, a data-set plug-in
+                       "model.name='resnet18'", "model.params={stem='imagenet'}", "data.num_clients=10",
+                       "train.clients_per_round=10", "train.batch_size=64", "train.local_epochs=1",
+                       "data.partition='iid'", "data.partition_params={}"],
+}
+SMOKE = {"fedavg": ["data.dataset='digits'"], "fedcme": ["algorithm.name='fedcme'", "data.dataset='digits'",
+                                                          "train.local_epochs=2"]}
 
 
-def timed(device, work):
-    """`work()`'s result and wall seconds, the device synchronised on both sides."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    out = work()
-    sync()
-    return out, time.perf_counter() - start
+def cifar_shaped(root) -> Dataset:
+    """50,000 + 1,000 random 32 x 32 x 3 images of 10 classes, generated (a timing set: nothing to learn)."""
+    generator = torch.Generator().manual_seed(0)
+    draw = lambda n: (torch.randn(n, 3, 32, 32, generator=generator),                        # noqa: E731
+                      torch.randint(0, 10, (n,), generator=generator))
+    (train_x, train_y), (test_x, test_y) = draw(50_000), draw(1_000)
+    return Dataset("cifar_shaped", train_x, train_y, test_x, test_y, 10)
 
 
-def compare(cfg, data, parts, cohorts, device, group: int) -> None:
-    torch.manual_seed(torch_seed(cfg.run.seed, "init"))
-    model = build_model(cfg.model.name, data.input_shape, data.num_classes).to(device)
-    lay_out(model, memory_format(cfg.run.memory_format, device))   # one after another as the runner trains them
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    trainer = LocalTrainer(cfg.train, cfg.run.seed)
-    batched = BatchedTrainer(trainer, model, group)
-    clients = {c: Client(c, *(t.to(device) for t in data.train_rows(p)), np.zeros(0)) for c, p in enumerate(parts)}
-
-    def one_by_one(cohort, round):
-        out = {}
-        for c in cohort:
-            load_state(model, start)
-            trainer.train(model, clients[c], round)
-            out[c] = {k: v.clone() for k, v in model.state_dict().items()}
-        return out
-
-    def together(cohort, round):
-        trained, out = batched.train([clients[c] for c in cohort], round, start), {}
-        for c in cohort:
-            trained.train(model, clients[c], round)
-            out[c] = {k: v.clone() for k, v in model.state_dict().items()}
-        return out
-
-    small = sorted(cohorts[0], key=lambda c: len(parts[c]))[:2]
-    one_by_one(small, 0), together(small, 0)                           # warm-up (CUDA context, kernels)
-    seconds, diff, spread, samples = {"sequential": 0.0, "batched": 0.0}, 0.0, 0.0, 0
-    for round, cohort in enumerate(cohorts):
-        cohort = [int(c) for c in cohort]
-        alone, s_seq = timed(device, lambda cohort=cohort, round=round: one_by_one(cohort, round))
-        joint, s_bat = timed(device, lambda cohort=cohort, round=round: together(cohort, round))
-        seconds["sequential"] += s_seq
-        seconds["batched"] += s_bat
-        samples += cfg.train.local_epochs * sum(len(parts[c]) for c in cohort)
-        diff = max(diff, largest_difference(alone, joint))
-        if device.type == "cpu":
-            with torch.backends.mkldnn.flags(enabled=False):
-                spread = max(spread, largest_difference(alone, one_by_one(cohort, round)))
-    rounds = len(cohorts)
-    name = f"{device.type}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ", 1 thread")
-    print(f"{name}: {rounds} round(s) of {len(cohorts[0])} clients, {samples // rounds} samples per round, "
-          f"groups of {group}")
-    for path, s in seconds.items():
-        print(f"  {path:10s} {s / rounds:7.2f} s/round  {samples / s:8.0f} samples/s")
-    print(f"  speed-up   {seconds['sequential'] / seconds['batched']:.2f}x   "
-          f"max |difference| of trained models {diff:.2e}")
-    if device.type == "cpu":
-        print(f"  reference: sequential with oneDNN convolutions off vs on, max |difference| {spread:.2e}")
+def run(sets: list[str], root: Path, name: str) -> dict:
+    """One run of the quickstart job with `sets`; its result file's arrays."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = launch([QUICKSTART, "--results-root", str(root), "--set", f"run.name='{name}'",
+                       *[a for s in sets for a in ("--set", s)]])
+    if code:
+        raise SystemExit(f"bench: the run {name} with {sets} exited with {code}")
+    return read_run(next(root.rglob(f"{name}.h5"))).arrays
 
 
-def largest_difference(one: dict, other: dict) -> float:
-    """The largest absolute difference between two sets of trained client models."""
-    return max((one[c][k] - other[c][k]).abs().max().item() for c in one for k in one[c])
+def train_seconds(arrays: dict) -> list[float]:
+    """Seconds in training phases per round, round 1 left out."""
+    phases = [k for k in arrays if k.startswith("round/phase_s/") and not k.endswith("/anchors")]
+    return list(np.sum([arrays[k] for k in phases], axis=0)[1:])
+
+
+def measure(case: str, sets: list[str], device: str, rounds: int, repeat: int, root: Path) -> dict:
+    common = [*sets, f"run.device='{device}'", f"run.rounds={rounds}", "run.checkpoint_every=0"]
+    seconds = {"sequential": [], "batched": []}
+    drift = 0.0
+    for r in range(repeat):
+        order = ["sequential", "batched"] if r % 2 == 0 else ["batched", "sequential"]
+        got = {}
+        for path in order:
+            group = "0" if path == "sequential" else "'auto'" if device == "cuda" else "1000"
+            got[path] = run([*common, f"train.batched_clients={group}"], root, f"{case}-{path}-{r}")
+            seconds[path] += train_seconds(got[path])
+        acc = [got[p]["round/test_acc"] for p in ("sequential", "batched") if "round/test_acc" in got[p]]
+        if len(acc) == 2:
+            drift = max(drift, float(np.nanmax(np.abs(acc[0] - acc[1]))))
+    seq, bat = statistics.median(seconds["sequential"]), statistics.median(seconds["batched"])
+    return {"case": case, "sequential_s": seq, "batched_s": bat, "speedup": seq / bat, "max_test_acc_drift": drift}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--job", default="jobs/quickstart.toml")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--group", type=int, default=10, help="clients trained together (train.batched_clients)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--out", required=True, help="folder for batched.md and batched.json")
+    parser.add_argument("--smoke", action="store_true", help="two tiny cases, two rounds, on the CPU")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    cfg = load_job(args.job, [f"train.batched_clients={args.group}"])
-    data = load_dataset(cfg.data.dataset, resolve_data_root(cfg.data.root or None))
-    parts = partition(data.train_y.numpy(), cfg.data.num_clients, cfg.data.partition, cfg.data.partition_params,
-                      cfg.run.seed, cfg.data.min_samples)
-    cohorts = cohort_schedule(cfg.run.seed, args.rounds, cfg.data.num_clients, cfg.train.clients_per_round)
-    for device in [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else []):
-        compare(cfg, data, parts, cohorts, device, args.group)
+    cases = SMOKE if args.smoke else {c: CASES[c] for c in args.cases.split(",")}
+    device, rounds, repeat = ("cpu", 2, 1) if args.smoke else (args.device, args.rounds, args.repeat)
+    if device == "cpu":
+        torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, began = [], time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, sets in cases.items():
+            rows.append(measure(case, sets, device, rounds, repeat, Path(tmp)))
+            print(json.dumps(rows[-1]), flush=True)
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU, 1 thread"
+    lines = [f"device: {name}; {rounds} rounds x {repeat} repeats; {time.perf_counter() - began:.0f} s", "",
+             "| case | sequential s/round | batched s/round | speed-up | max test-acc drift |", "|---|---|---|---|---|"]
+    lines += [f"| {r['case']} | {r['sequential_s']:.3f} | {r['batched_s']:.3f} | {r['speedup']:.2f}x | "
+              f"{r['max_test_acc_drift']:.4f} |" for r in rows]
+    fedfm = next((r for r in rows if r["case"] == "resnet18-fedfm"), None)
+    if fedfm:           # FedFM's regime: 100 rounds of E = 10 epochs, from rounds of one epoch
+        lines.append(f"\nFedFM's regime (100 rounds, E = 10) projected from resnet18-fedfm: "
+                     f"{100 * 10 * fedfm['batched_s'] / 60:.1f} GPU-minutes batched, "
+                     f"{100 * 10 * fedfm['sequential_s'] / 60:.1f} sequential")
+    (out / "batched.md").write_text("\n".join(lines) + "\n")
+    (out / "batched.json").write_text(json.dumps({"device": name, "rows": rows}, indent=1))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
