@@ -268,76 +268,103 @@ class BatchedTrainer:
         return key(r.client, r.round, r.epochs, r.seed), (state, metrics, after, r.cfg)
 
     def _train_group(self, requests: list[Request]) -> dict:
-        """Step t trains every client that has a t-th batch, one vmapped call per batch length; returns
-        each client's model state and metrics."""
-        model, terms, epochs, round = requests[0].model, requests[0].terms, requests[0].epochs, requests[0].round
-        trainer = _as(self.trainer, requests[0].seed, requests[0].cfg)
-        optimizer = Optimizer(trainer.cfg)
-        clients, device = [r.client for r in requests], requests[0].client.y.device
+        """Step t trains every client that has a t-th batch, one vmapped call per batch length."""
+        group = _Group(requests, _as(self.trainer, requests[0].seed, requests[0].cfg))
+        for t in range(group.steps):
+            for members in group.by_length(t):
+                group.step(t, members)
+        return group.results()
+
+
+class _Group:
+    """One group's stacked state while it trains: parameters, buffers, optimizer slots, the terms'
+    per-client contexts, each client's batches, and its summed loss (on the device: no host reads)."""
+
+    def __init__(self, requests: list[Request], trainer):
+        first = requests[0]
+        self.model, self.terms, self.epochs, self.round = first.model, first.terms, first.epochs, first.round
+        self.trainer, self.optimizer = trainer, Optimizer(trainer.cfg)
+        self.clients, self.device = [r.client for r in requests], first.client.y.device
         contexts = [{name: _stack(f"{type(term).__name__}.{name}", [r.contexts[j][name] for r in requests])
-                     for name in requests[0].contexts[j]} for j, term in enumerate(terms)]
-        per_client = [{name: v.value for name, v in ctx.items() if isinstance(v, _PerClient)} for ctx in contexts]
-        nets = {id(v.net): v.net for ctx in per_client for v in ctx.values() if isinstance(v, _Net)}
-        prefix = {key: f"nets.{i}." for i, key in enumerate(nets)}
-        step = _Step(model, list(nets.values()), terms)
-        for term, ctx in zip(terms, contexts, strict=True):          # what the clients share, set once
+                     for name in first.contexts[j]} for j, term in enumerate(self.terms)]
+        for term, ctx in zip(self.terms, contexts, strict=True):        # what the clients share, set once
             for name, value in ctx.items():
                 if not isinstance(value, _PerClient):
                     setattr(term, name, value)
+        self.own = [{name: v.value for name, v in ctx.items() if isinstance(v, _PerClient)} for ctx in contexts]
+        nets = {id(v.net): v.net for ctx in self.own for v in ctx.values() if isinstance(v, _Net)}
+        self.prefix = {key: f"nets.{i}." for i, key in enumerate(nets)}
+        self.module = _Step(self.model, list(nets.values()), self.terms)
+        self.buffers = _stacked("model", [r.start for r in requests])
+        self.params = {n: self.buffers.pop(n) for n, p in self.model.named_parameters() if p.requires_grad}
+        self.slots = self.optimizer.init(self.params)
+        self.plans = [trainer.plan(self.model, c, self.round, "cpu", self.epochs) for c in self.clients]
+        self.augment = [trainer.augmenter(c, self.round, self.terms, self.epochs) for c in self.clients]
+        self.offsets = torch.tensor([0, *[c.num_samples for c in self.clients]]).cumsum(0).tolist()
+        self.x, self.y = torch.cat([c.inputs() for c in self.clients]), torch.cat([c.y for c in self.clients])
+        self.totals = torch.zeros(len(self.clients), device=self.device)
+        self.steps = max(map(len, self.plans))
+        self.model.train()
 
-        def loss_of(params, buffers, own, x, y, second):
-            """One client's batch loss (under vmap: every client's), its own context bound to the terms."""
-            tensors = {f"model.{n}": v for n, v in {**params, **buffers}.items()}
-            for term, values, kinds in zip(terms, own, per_client, strict=True):
-                for name, value in values.items():
-                    if isinstance(kinds[name], _Net):
-                        tensors.update({prefix[id(kinds[name].net)] + k: v for k, v in value.items()})
-                    else:
-                        setattr(term, name, value)
-            return functional_call(step, tensors, (x, second, y))
+    def by_length(self, t: int) -> list[list[int]]:
+        """The clients with a t-th batch, by its length (a short last batch trains apart)."""
+        lengths = defaultdict(list)
+        for c, plan in enumerate(self.plans):
+            if t < len(plan):
+                lengths[len(plan[t])].append(c)
+        return list(lengths.values())
 
-        trained = [n for n, p in model.named_parameters() if p.requires_grad]
-        buffers = _stacked("model", [r.start for r in requests])
-        params = {n: buffers.pop(n) for n in trained}
-        slots = optimizer.init(params)
-        plans = [trainer.plan(model, c, round, "cpu", epochs) for c in clients]
-        augment = [trainer.augmenter(c, round, terms, epochs) for c in clients]
-        offsets = torch.tensor([0, *[c.num_samples for c in clients]]).cumsum(0).tolist()
-        x, y = torch.cat([c.inputs() for c in clients]), torch.cat([c.y for c in clients])
-        totals, seen = [0.0] * len(clients), [0] * len(clients)
-        model.train()
-        for t in range(max(map(len, plans))):
-            lengths = defaultdict(list)
-            for c, plan in enumerate(plans):
-                if t < len(plan):
-                    lengths[len(plan[t])].append(c)
-            for members in lengths.values():
-                index = None if len(members) == len(clients) else torch.tensor(members, device=device)
-                rows = torch.stack([plans[c][t] + offsets[c] for c in members]).to(device)
-                views = [trainer.views(x[r], augment[c], terms) for r, c in zip(rows, members, strict=True)]
-                xb, yb = torch.stack([v[0] for v in views]), y[rows]
-                second = None if views[0][1] is None else torch.stack([v[1] for v in views])
-                own = [{name: _select(v.state if isinstance(v, _Net) else v, index) for name, v in ctx.items()}
-                       for ctx in per_client]
-                p = {n: v.detach().requires_grad_() for n, v in _select(params, index).items()}
-                b = _select(buffers, index)             # BatchNorm updates its statistics in place
-                with torch.enable_grad():
-                    loss = vmap(loss_of, in_dims=(0, 0, 0, 0, 0, None if second is None else 0),
-                                randomness="error")(p, b, own, xb, yb, second)
-                    grads = dict(zip(p, torch.autograd.grad(loss.sum(), list(p.values())), strict=True))
-                new, new_slots = optimizer.step({n: v.detach() for n, v in p.items()}, grads,
-                                                     _select(slots, index), t + 1)
-                params, buffers = _put(params, index, new), _put(buffers, index, b)
-                per_client = [{name: v if isinstance(v, _Net) else _put(v, index, mine[name])
-                               for name, v in ctx.items()} for ctx, mine in zip(per_client, own, strict=True)]
-                slots = {k: _put(slots[k], index, new_slots[k]) for k in slots}
-                for c, value in zip(members, (loss.detach() * yb.shape[1]).tolist(), strict=True):
-                    totals[c], seen[c] = totals[c] + value, seen[c] + yb.shape[1]
-        return {key(c, round, epochs, trainer.seed): ({n: v[i] for n, v in {**params, **buffers}.items()},
-                                 {"train_loss": totals[i] / max(seen[i], 1), "steps": float(len(plans[i]))},
-                                 [{name: _row(v, i) for name, v in ctx.items() if not isinstance(v, _Net)}
-                                  for ctx in per_client], trainer.cfg)
-                for i, c in enumerate(clients)}
+    def loss_of(self, params, buffers, own, x, y, second):
+        """One client's batch loss (under vmap: every client's), its own context bound to the terms."""
+        tensors = {f"model.{n}": v for n, v in {**params, **buffers}.items()}
+        for term, values, kinds in zip(self.terms, own, self.own, strict=True):
+            for name, value in values.items():
+                if isinstance(kinds[name], _Net):
+                    tensors.update({self.prefix[id(kinds[name].net)] + k: v for k, v in value.items()})
+                else:
+                    setattr(term, name, value)
+        return functional_call(self.module, tensors, (x, second, y))
+
+    def batch(self, t: int, members: list[int]):
+        """The members' t-th batches, as the loss takes them (augmented with each client's own draws)."""
+        rows = torch.stack([self.plans[c][t] + self.offsets[c] for c in members]).to(self.device)
+        if all(a is None for a in self.augment):
+            return self.x[rows], self.y[rows], None
+        views = [self.trainer.views(self.x[r], self.augment[c], self.terms) for r, c in zip(rows, members, strict=True)]
+        second = None if views[0][1] is None else torch.stack([v[1] for v in views])
+        return torch.stack([v[0] for v in views]), self.y[rows], second
+
+    def step(self, t: int, members: list[int]) -> None:
+        """One optimizer step of the members (all clients: no gathering), their loss added to their sums."""
+        index = torch.tensor(members, device=self.device)
+        part = None if len(members) == len(self.clients) else index
+        x, y, second = self.batch(t, members)
+        own = [{name: _select(v.state if isinstance(v, _Net) else v, part) for name, v in ctx.items()}
+               for ctx in self.own]
+        params = {n: v.detach().requires_grad_() for n, v in _select(self.params, part).items()}
+        buffers = _select(self.buffers, part)                   # BatchNorm updates its statistics in place
+        with torch.enable_grad():
+            loss = vmap(self.loss_of, in_dims=(0, 0, 0, 0, 0, None if second is None else 0),
+                        randomness="error")(params, buffers, own, x, y, second)
+            grads = dict(zip(params, torch.autograd.grad(loss.sum(), list(params.values())), strict=True))
+        new, slots = self.optimizer.step({n: v.detach() for n, v in params.items()}, grads,
+                                         _select(self.slots, part), t + 1)
+        self.params, self.buffers = _put(self.params, part, new), _put(self.buffers, part, buffers)
+        self.slots = {k: _put(self.slots[k], part, slots[k]) for k in self.slots}
+        self.own = [{name: v if isinstance(v, _Net) else _put(v, part, mine[name]) for name, v in ctx.items()}
+                    for ctx, mine in zip(self.own, own, strict=True)]      # what `loss` updated in place
+        self.totals.index_add_(0, index, loss.detach() * y.shape[1])
+
+    def results(self) -> dict:
+        """Each client's trained model state, metrics and terms' contexts, by `key` (one host read)."""
+        totals = self.totals.tolist()
+        return {key(c, self.round, self.epochs, self.trainer.seed): (
+                    {n: v[i] for n, v in {**self.params, **self.buffers}.items()},
+                    {"train_loss": totals[i] / max(sum(len(b) for b in self.plans[i]), 1),
+                     "steps": float(len(self.plans[i]))},
+                    [{name: _row(v, i) for name, v in ctx.items() if not isinstance(v, _Net)} for ctx in self.own],
+                    self.trainer.cfg)
+                for i, c in enumerate(self.clients)}
 
 
 def _as(trainer, seed: int, cfg: TrainConfig):
