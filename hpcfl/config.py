@@ -109,9 +109,8 @@ class TrainConfig:
                                     # drop: go on, the client keeping its state of before the round
     batched_clients: int | str = "auto"     # train up to this many of a worker's sampled clients as one batched
                                     # computation, equal to one after another to float rounding: every algorithm
-                                    # but fedma, no dropout; 0: one after another; auto: on a GPU a worker's
-                                    # whole share of the cohort where the job allows it, on a CPU (slower there)
-                                    # one after another
+                                    # but fedma, no dropout; 0: one after another; auto: on a GPU groups of up
+                                    # to 16 where the job allows it, on a CPU (slower there) one after another
 
 
 @dataclass(frozen=True)

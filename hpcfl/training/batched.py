@@ -61,10 +61,15 @@ def check_job(job: JobConfig, algorithm: type, supported: list[str]) -> None:
                           f"that they run under vmap (Term.batchable): drop them, or set {KEY} = 0")
 
 
+AUTO_GROUP = 16    # 'auto' on a GPU: at most this many clients a group (memory grows with it: 16 ResNet-18s
+                   # with SGD momentum hold about 2 GB of weights, gradients and buffers before activations)
+
+
 def group_size(job: JobConfig, algorithm: type, models, device: torch.device) -> int:
     """How many of its sampled clients a worker trains together: train.batched_clients as given, or for
-    'auto' its whole share of the cohort on a GPU, where a step of one small client leaves the device
-    idle, if the job allows it (else the log says why), and none on a CPU, where batching is slower."""
+    'auto' its share of the cohort on a GPU (up to AUTO_GROUP), where a step of one small client leaves
+    the device idle, if the job allows it (else the log says why), and none on a CPU, where batching is
+    slower."""
     group = job.train.batched_clients
     if group != "auto":
         return group
@@ -77,7 +82,7 @@ def group_size(job: JobConfig, algorithm: type, models, device: torch.device) ->
     except ConfigError as why:
         LOG.info(f"{KEY} = 'auto': clients train one after another: {why}")
         return 0
-    return job.train.clients_per_round
+    return min(job.train.clients_per_round, AUTO_GROUP)
 
 
 def check_model(model: nn.Module) -> None:

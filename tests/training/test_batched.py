@@ -213,6 +213,7 @@ def test_auto_trains_a_workers_whole_share_together_on_a_gpu_where_the_job_allow
     assert job.train.batched_clients == "auto"                   # the default
     assert group_size(job, ALGORITHMS["fedavg"], models, cuda) == 7
     assert group_size(job, ALGORITHMS["fedavg"], models, cpu) == 0
+    assert group_size(job_from_dict({"train": {"clients_per_round": 20}}), ALGORITHMS["fedavg"], models, cuda) == 16
     with caplog.at_level(logging.INFO, logger="hpcfl.training.batched"):
         assert group_size(job, ALGORITHMS["fedavg"], [build_model("vgg9", (3, 32, 32), 10)], cuda) == 0
         fedma = job_from_dict({"algorithm": {"name": "fedma"}, "train": {"clients_per_round": 20}})
