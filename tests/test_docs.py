@@ -91,3 +91,10 @@ def test_the_docs_build_with_every_link_resolved(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     built = (tmp_path / "reference" / "job-file" / "index.html").read_text()
     assert "run.round_timeout_s" in built and "<!-- reference" not in built
+
+
+def test_the_python_api_reference_gives_each_name_its_signature():
+    page = render("python-api")
+    assert "hpcfl.run(job, overrides=(), data_root=None, quiet=False)" in page
+    assert "hpcfl.load_job(path: str | Path, overrides: list[str] = (), allow_sweep: bool = False) -> JobConfig" in page
+    assert "class hpcfl.SwapPhase(name: str, exchange: Layout)\n" in page and "hpcfl.WEIGHT: str = '#weight'" in page
