@@ -2,7 +2,9 @@
 (tests/plugins/labfl), named in a job by import path, run from Python (hpcfl.run) in one process and
 under MPI with the same metrics; a wrong path, kind or parameter is refused by key before training; a
 split exported from hpcfl and read back by a partition plug-in is the same run."""
+import re
 import tomllib
+from pathlib import Path
 
 import pytest
 from helpers import assert_same_metrics, run_metrics
@@ -174,16 +176,28 @@ class _PlusOne:
         return {"train_loss": 0.0, "steps": 1.0}
 
 
-def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job):
+def _documented_classes() -> dict:
+    """The classes docs/how-to/write-your-own-algorithm.md defines, its Python blocks run in order as
+    printed, as a reader pastes them into one module."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "write-your-own-algorithm.md").read_text()
+    namespace = {"__name__": "documented"}
+    for block in re.findall(r"^```python\n(.*?)^```$", page, re.MULTILINE | re.DOTALL):
+        exec(compile(block, "write-your-own-algorithm.md", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("source", ["plug-in", "docs"])
+def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job, source):
     import numpy as np
     import torch
-    from labfl.fedavg import ClientMemory
+    from labfl import fedavg
 
     from hpcfl import Client, Setup
     from hpcfl.jobs import load_job
 
     model = torch.nn.Linear(1, 1, bias=False)
     setup = Setup.of(load_job(tiny_job()), model, np.ones((2, 2)))
+    ClientMemory = fedavg.ClientMemory if source == "plug-in" else _documented_classes()["ClientMemory"]
     algorithm = ClientMemory(ClientMemory.Params(beta=0.5), setup)
     client = Client(0, torch.zeros(4, 1), torch.zeros(4, dtype=torch.long), np.ones(2))
     client.state = algorithm.init_client_state(client, model)
