@@ -3,17 +3,18 @@
 under MPI with the same metrics; a wrong path, kind or parameter is refused by key before training; a
 split exported from hpcfl and read back by a partition plug-in is the same run."""
 import re
+import textwrap
 import tomllib
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_metrics, run_metrics
 
 import hpcfl
 from hpcfl.config import apply_overrides
 from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
+from hpcfl.testing import StepTrainer, assert_same_metrics, run_metrics
 
 PLUGINS = {"data.dataset": "labfl.data:blobs", "data.partition": "labfl.partition:shards",
            "model.name": "labfl.model:Mlp", "algorithm.name": "labfl.algorithm:HalfStep",
@@ -168,21 +169,13 @@ def test_fedavg_written_from_the_contract_alone_is_the_built_in_fedavg(tiny_job,
     assert_same_metrics(run_metrics(paths["fedavg"]), run_metrics(paths["labfl.fedavg:MyFedAvg"]), exact=True)
 
 
-class _PlusOne:
-    """A trainer whose local training adds 1 to every parameter: updates computable by hand."""
-    def train(self, model, client, round, terms, epochs):
-        for p in model.parameters():
-            p.data += 1.0
-        return {"train_loss": 0.0, "steps": 1.0}
-
-
 def _documented_classes() -> dict:
-    """The classes docs/how-to/write-your-own-algorithm.md defines, its Python blocks run in order as
-    printed, as a reader pastes them into one module."""
+    """The names docs/how-to/write-your-own-algorithm.md defines, its Python blocks run in order as
+    printed, as a reader pastes them into one module (the testing example asserts its own numbers)."""
     page = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "write-your-own-algorithm.md").read_text()
     namespace = {"__name__": "documented"}
-    for block in re.findall(r"^```python\n(.*?)^```$", page, re.MULTILINE | re.DOTALL):
-        exec(compile(block, "write-your-own-algorithm.md", "exec"), namespace)
+    for _indent, block in re.findall(r"^( *)```python\n(.*?)^\1```$", page, re.MULTILINE | re.DOTALL):
+        exec(compile(textwrap.dedent(block), "write-your-own-algorithm.md", "exec"), namespace)
     return namespace
 
 
@@ -204,7 +197,8 @@ def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job, sou
     sent = []
     for round, start in enumerate((0.0, 5.0, 2.0)):
         downlink = {"model": {"weight": torch.full((1, 1), start)}}
-        contributions, _ = algorithm.client_update(algorithm.phase, round, client, downlink, model, _PlusOne())
+        contributions, _ = algorithm.client_update(algorithm.phase, round, client, downlink, model,
+                                                   StepTrainer(shift=1.0))
         tensors, weight = contributions["model"]
         sent.append(float(tensors["weight"]))
         assert weight == 4.0
