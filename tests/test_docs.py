@@ -68,6 +68,7 @@ def test_the_reference_names_every_built_in():
     for page, registry in generated.items():
         assert [line[3:] for line in render(page).splitlines() if line.startswith("## ")] == list(registry)
     assert all(f"| `{name}` |" in render("partitions") for name in PARTITIONS)
+    assert "`DirichletPartitioner(self_balancing=True)`, not its default" in render("partitions")
     assert all(f"| `{name}` |" in render("models") for name in MODELS)
     # the hand-written tables beside the generated ones must not fall behind either
     written = {"algorithms.md": ALGORITHMS, "datasets.md": DATASETS, "models.md": MODELS}
