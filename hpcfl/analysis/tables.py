@@ -7,7 +7,7 @@ class (FedKA eq. 1), and where the time and bytes went; rendered as Markdown, CS
 import numpy as np
 import pandas as pd
 
-from hpcfl.analysis.results import Results, completed
+from hpcfl.analysis.results import Results, completed, shown
 from hpcfl.data.splits import class_categories
 
 SELECTION = ("round/val_acc", "max")   # what picks a run's round: the global model on the clients' held-out data
@@ -209,7 +209,7 @@ def time_and_bytes(results: Results, by: list[str]) -> pd.DataFrame:
 
 
 def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Column names and text cells, "mean ± std" pairs merged."""
+    """Column names and text cells, "mean ± std" pairs merged; a config key's missing value is shown as (missing)."""
     columns, cells = [], []
     for name in table.columns:
         if name.endswith("_std") and name[:-4] + "_mean" in table.columns:
@@ -218,6 +218,9 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             std = table[name[:-5] + "_std"]
             cells.append([f"{m:.4f} ± {s:.4f}" for m, s in zip(table[name], std, strict=True)])
             columns.append(name[:-5])
+        elif "." in name:                   # a config key (algorithm.name): missing in some runs, shown so
+            cells.append([f"{v:.4f}" if isinstance(v, float) and not np.isnan(v) else shown(v) for v in table[name]])
+            columns.append(name)
         else:
             cells.append([f"{v:.4f}" if isinstance(v, float) else str(v) for v in table[name]])
             columns.append(name)
