@@ -7,7 +7,7 @@ class (FedKA eq. 1), and where the time and bytes went; rendered as Markdown, CS
 import numpy as np
 import pandas as pd
 
-from hpcfl.analysis.results import Results, completed, shown
+from hpcfl.analysis.results import MISSING, Results, completed, shown
 from hpcfl.data.splits import class_categories
 
 SELECTION = ("round/val_acc", "max")   # what picks a run's round: the global model on the clients' held-out data
@@ -208,8 +208,15 @@ def time_and_bytes(results: Results, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _cell(value, config_key: bool) -> str:
+    """One value as text; a config key's (algorithm.name) that some runs lack is (missing), not nan."""
+    if config_key and shown(value) == MISSING:
+        return MISSING
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Column names and text cells, "mean ± std" pairs merged; a config key's missing value is shown as (missing)."""
+    """Column names and text cells, "mean ± std" pairs merged."""
     columns, cells = [], []
     for name in table.columns:
         if name.endswith("_std") and name[:-4] + "_mean" in table.columns:
@@ -218,11 +225,8 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             std = table[name[:-5] + "_std"]
             cells.append([f"{m:.4f} ± {s:.4f}" for m, s in zip(table[name], std, strict=True)])
             columns.append(name[:-5])
-        elif "." in name:                   # a config key (algorithm.name): missing in some runs, shown so
-            cells.append([f"{v:.4f}" if isinstance(v, float) and not np.isnan(v) else shown(v) for v in table[name]])
-            columns.append(name)
         else:
-            cells.append([f"{v:.4f}" if isinstance(v, float) else str(v) for v in table[name]])
+            cells.append([_cell(v, config_key="." in name) for v in table[name]])
             columns.append(name)
     return columns, [list(row) for row in zip(*cells, strict=True)]
 
