@@ -153,7 +153,11 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
         sys.stderr.write(f"hpcfl: error: --by {missing} are not config keys of these runs\n")
         return 2
     if args.command == "curves":
-        print(curves(results, by, args.out, args.metric, args.x))
+        try:
+            print(curves(results, by, args.out, args.metric, args.x))
+        except ValueError as err:
+            sys.stderr.write(f"hpcfl: error: {err}\n")
+            return 2
         return 0
     if args.command in ("compare", "target") and args.baseline and "=" not in args.baseline:
         sys.stderr.write(f"hpcfl: error: --baseline {args.baseline!r} is not KEY=VALUE, e.g. algorithm.name=fedavg\n")

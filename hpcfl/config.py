@@ -204,16 +204,32 @@ NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_k
 NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 
 
+def _key_path(key: str) -> list[str] | None:
+    """A dotted TOML key's parts, quoted parts whole ('algorithm.terms."pkg.mod:Term".weight' has 3 dots
+    and 4 parts); None unless `key` is one TOML key."""
+    try:
+        node = tomllib.loads(f"{key} = 0")
+    except (ValueError, RecursionError):
+        return None
+    path = []
+    while isinstance(node, dict) and len(node) == 1:
+        path.append(next(iter(node)))
+        node = node[path[-1]]
+    return path if node == 0 and all(part.strip() for part in path) else None
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'train.lr=0.05' -> (['train', 'lr'], 0.05). A VALUE that is not one TOML value is that string."""
     key, sep, raw = text.partition("=")
-    if not sep or not all(part.strip() for part in key.split(".")):
-        raise ConfigError(f"override {text!r} is not KEY=VALUE with a dotted KEY (e.g. --set train.lr=0.05)")
+    path = _key_path(key) if sep else None
+    if path is None:
+        raise ConfigError(f"override {text!r} is not KEY=VALUE with a dotted KEY (e.g. --set train.lr=0.05, "
+                          '--set algorithm.terms."pkg.mod:Term".weight=0.1)')
     try:
         parsed = tomllib.loads(f"v = {raw}")   # "0.1\nx = 2" parses, but as two values: a string
     except (ValueError, RecursionError):      # TOMLDecodeError, or an integer or nesting past Python's limits
         parsed = {}
-    return key.strip().split("."), parsed["v"] if parsed.keys() == {"v"} else raw
+    return path, parsed["v"] if parsed.keys() == {"v"} else raw
 
 
 def current_names(raw: dict, warn: bool = True) -> dict:

@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import io
 import os
+import re
 import textwrap
 import tokenize
 import typing
@@ -178,13 +179,32 @@ def summary(found) -> str:
     return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
 
 
+MODULE_PATH = re.compile(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*\b)")
+
+
+def signature(name: str, found) -> str:
+    """How `hpcfl.NAME` is called (a class: its constructor), annotations without their modules
+    (`JobConfig`, not `hpcfl.config.JobConfig`); a constant: its type (and a string its value)."""
+    if not callable(found):
+        return f"hpcfl.{name}: {type(found).__name__}" + (f" = {found!r}" if isinstance(found, str) else "")
+    if not inspect.isclass(found):
+        return f"hpcfl.{name}{MODULE_PATH.sub('', str(inspect.signature(found)))}"
+    try:
+        made = inspect.signature(found).replace(return_annotation=inspect.Signature.empty)
+    except ValueError:                          # an exception class: built-in constructor, no signature
+        made = "(message)"
+    return f"class hpcfl.{name}{MODULE_PATH.sub('', str(made))}"
+
+
 def python_api() -> str:
     import hpcfl
-    rows = ["| name | defined in | what it is |", "|---|---|---|"]
+    blocks = []
     for name in sorted(hpcfl.__all__, key=str.lower):
+        found = getattr(hpcfl, name)
         module = hpcfl._EXPORTS.get(name, "hpcfl")
-        rows.append(f"| `hpcfl.{name}` | `{module}` | {cell(summary(getattr(hpcfl, name)))} |")
-    return "\n".join(rows)
+        blocks.append(f"### `{name}`\n\n```python\n{signature(name, found)}\n```\n\n"
+                      f"Defined in `{module}`. {summary(found)}".rstrip())
+    return "\n\n".join(blocks)
 
 
 PAGES = {"job-keys": job_keys, "algorithms": algorithms, "terms": terms, "partitions": partitions, "models": models,

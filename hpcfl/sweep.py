@@ -27,6 +27,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,6 +35,14 @@ from pathlib import Path
 
 from hpcfl.config import read_job_file
 from hpcfl.errors import ConfigError, Exit
+
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def toml_key(key: str) -> str:
+    """A table's key as TOML reads it back as one key: bare where it can be, else quoted (a plug-in's
+    "pkg.mod:Term" written bare would be dotted keys, or no TOML at all)."""
+    return key if BARE_KEY.fullmatch(key) else json.dumps(key)
 
 
 def toml_value(value) -> str:
@@ -47,7 +56,7 @@ def toml_value(value) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise ConfigError(f"sweep value {value!r} has no TOML form")
 
 

@@ -21,29 +21,6 @@ def launch(*args, ranks: int = 0, cwd=None, timeout: float = 240, launcher=("-m"
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-TIMINGS = ("rank/", "round/time_s", "round/phase_s/", "round/eval_s", "round/match_s/", "round/imbalance_s")
-
-
-def run_metrics(path) -> dict:
-    """A result file's arrays but timings and where clients trained (client/rank): what neither the
-    topology nor an interruption may change."""
-    from hpcfl.metrics import read_run
-
-    return {k: v for k, v in read_run(path).arrays.items() if not k.startswith(TIMINGS) and k != "client/rank"}
-
-
-def assert_same_metrics(one: dict, other: dict, exact: bool = False) -> None:
-    """Same keys and values: bit for bit (`exact`, a resumed run) or to float tolerance (other ranks)."""
-    import numpy as np
-
-    assert sorted(one) == sorted(other)
-    for key in one:
-        if exact:
-            np.testing.assert_array_equal(one[key], other[key], err_msg=key)
-        else:
-            np.testing.assert_allclose(one[key], other[key], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=key)
-
-
 # A short digits job that checkpoints every 2 rounds: the resume and SLURM tests interrupt it.
 CHECKPOINTED_JOB = """
 [run]

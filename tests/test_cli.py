@@ -11,7 +11,7 @@ from pathlib import Path
 
 import h5py
 import pytest
-from helpers import MPIRUN, assert_same_metrics, launch, run_metrics
+from helpers import MPIRUN, launch
 
 import hpcfl
 from hpcfl.algorithms import ALGORITHMS
@@ -20,6 +20,7 @@ from hpcfl.errors import EXIT_MEANING, Exit
 from hpcfl.models import model_options
 from hpcfl.runtime.lock import STALE_S, lock_path
 from hpcfl.runtime.provenance import git_commit
+from hpcfl.testing import assert_same_metrics, run_metrics
 
 SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip installed beside this Python
 

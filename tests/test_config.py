@@ -23,6 +23,8 @@ def test_overrides_use_toml_values_and_reach_any_key(tmp_path):
     assert job.train.lr == 0.05 and job.train.optimizer == "adam" and job.run.name == "trial"
     assert job.data.partition_params == {"beta": 0.3}
     assert parse_override("run.rounds=7") == (["run", "rounds"], 7)
+    assert parse_override('algorithm.terms."pkg.mod:Term".weight=0.1') == (["algorithm", "terms", "pkg.mod:Term",
+                                                                             "weight"], 0.1)
     assert apply_overrides({"a": {"b": 1}}, ["a.c=[1, 2]"]) == {"a": {"b": 1, "c": [1, 2]}}
 
 

@@ -68,6 +68,7 @@ def test_the_reference_names_every_built_in():
     for page, registry in generated.items():
         assert [line[3:] for line in render(page).splitlines() if line.startswith("## ")] == list(registry)
     assert all(f"| `{name}` |" in render("partitions") for name in PARTITIONS)
+    assert "`DirichletPartitioner(self_balancing=True)`, not its default" in render("partitions")
     assert all(f"| `{name}` |" in render("models") for name in MODELS)
     # the hand-written tables beside the generated ones must not fall behind either
     written = {"algorithms.md": ALGORITHMS, "datasets.md": DATASETS, "models.md": MODELS}
@@ -91,3 +92,10 @@ def test_the_docs_build_with_every_link_resolved(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     built = (tmp_path / "reference" / "job-file" / "index.html").read_text()
     assert "run.round_timeout_s" in built and "<!-- reference" not in built
+
+
+def test_the_python_api_reference_gives_each_name_its_signature():
+    page = render("python-api")
+    assert "hpcfl.run(job, overrides=(), data_root=None, quiet=False)" in page
+    assert "hpcfl.load_job(path: str | Path, overrides: list[str] = (), allow_sweep: bool = False) -> JobConfig" in page
+    assert "class hpcfl.SwapPhase(name: str, exchange: Layout)\n" in page and "hpcfl.WEIGHT: str = '#weight'" in page

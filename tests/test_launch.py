@@ -6,12 +6,13 @@ from dataclasses import asdict
 import h5py
 import numpy as np
 import pytest
-from helpers import FAULT_LAUNCHER, assert_same_metrics, launch, run_metrics
+from helpers import FAULT_LAUNCHER, launch
 
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.errors import Exit
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model, count_parameters, model_options
+from hpcfl.testing import assert_same_metrics, run_metrics
 
 
 def test_one_process_and_three_ranks_give_the_same_metrics(tiny_job, tmp_path):

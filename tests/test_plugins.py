@@ -2,16 +2,19 @@
 (tests/plugins/labfl), named in a job by import path, run from Python (hpcfl.run) in one process and
 under MPI with the same metrics; a wrong path, kind or parameter is refused by key before training; a
 split exported from hpcfl and read back by a partition plug-in is the same run."""
+import re
+import textwrap
 import tomllib
+from pathlib import Path
 
 import pytest
-from helpers import assert_same_metrics, run_metrics
 
 import hpcfl
 from hpcfl.config import apply_overrides
 from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
+from hpcfl.testing import StepTrainer, assert_same_metrics, run_metrics
 
 PLUGINS = {"data.dataset": "labfl.data:blobs", "data.partition": "labfl.partition:shards",
            "model.name": "labfl.model:Mlp", "algorithm.name": "labfl.algorithm:HalfStep",
@@ -166,31 +169,36 @@ def test_fedavg_written_from_the_contract_alone_is_the_built_in_fedavg(tiny_job,
     assert_same_metrics(run_metrics(paths["fedavg"]), run_metrics(paths["labfl.fedavg:MyFedAvg"]), exact=True)
 
 
-class _PlusOne:
-    """A trainer whose local training adds 1 to every parameter: updates computable by hand."""
-    def train(self, model, client, round, terms, epochs):
-        for p in model.parameters():
-            p.data += 1.0
-        return {"train_loss": 0.0, "steps": 1.0}
+def _documented_classes() -> dict:
+    """The names docs/how-to/write-your-own-algorithm.md defines, its Python blocks run in order as
+    printed, as a reader pastes them into one module (the testing example asserts its own numbers)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "write-your-own-algorithm.md").read_text()
+    namespace = {"__name__": "documented"}
+    for _indent, block in re.findall(r"^( *)```python\n(.*?)^\1```$", page, re.MULTILINE | re.DOTALL):
+        exec(compile(textwrap.dedent(block), "write-your-own-algorithm.md", "exec"), namespace)
+    return namespace
 
 
-def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job):
+@pytest.mark.parametrize("source", ["plug-in", "docs"])
+def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job, source):
     import numpy as np
     import torch
-    from labfl.fedavg import ClientMemory
+    from labfl import fedavg
 
     from hpcfl import Client, Setup
     from hpcfl.jobs import load_job
 
     model = torch.nn.Linear(1, 1, bias=False)
     setup = Setup.of(load_job(tiny_job()), model, np.ones((2, 2)))
+    ClientMemory = fedavg.ClientMemory if source == "plug-in" else _documented_classes()["ClientMemory"]
     algorithm = ClientMemory(ClientMemory.Params(beta=0.5), setup)
     client = Client(0, torch.zeros(4, 1), torch.zeros(4, dtype=torch.long), np.ones(2))
     client.state = algorithm.init_client_state(client, model)
     sent = []
     for round, start in enumerate((0.0, 5.0, 2.0)):
         downlink = {"model": {"weight": torch.full((1, 1), start)}}
-        contributions, _ = algorithm.client_update(algorithm.phase, round, client, downlink, model, _PlusOne())
+        contributions, _ = algorithm.client_update(algorithm.phase, round, client, downlink, model,
+                                                   StepTrainer(shift=1.0))
         tensors, weight = contributions["model"]
         sent.append(float(tensors["weight"]))
         assert weight == 4.0

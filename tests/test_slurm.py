@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
+from helpers import CHECKPOINTED_JOB
 
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
+from hpcfl.testing import assert_same_metrics, run_metrics
 
 SLURM = Path(__file__).resolve().parent.parent / "slurm"
 JOB = CHECKPOINTED_JOB.format(study="slurm") + '[algorithm]\nname = "scaffold"\n'

@@ -100,3 +100,15 @@ def test_bad_arms_are_refused_by_name(job, arms, message):
     raw["sweep"] = {"seeds": [0], "grid": {"data.partition_params.beta": [0.1]}, "arms": arms}
     with pytest.raises(ConfigError, match=message):
         points(raw)
+
+
+def test_an_arm_naming_a_plug_in_term_in_table_form_runs_with_its_parameters(job, tmp_path):
+    """The term's import path "labfl.term:Centring" is one key: quoted when the arm becomes --set overrides,
+    not split on its dots (which gave "algorithm.terms must be a table" at --index, while --list looked fine)."""
+    job.write_text(SWEEP.replace('seeds = [0, 1]\ngrid = { "algorithm.name" = ["fedavg", "fedprox"], ', 'seeds = [0]\n'
+                                 'grid = { ').replace("[0.1, 0.5]", "[0.5]")
+                   + '[sweep.arms.Centred]\n"algorithm.terms" = { "labfl.term:Centring" = { weight = 0.02 } }\n')
+    assert points(read_job_file(job))[0][0] == 'algorithm.terms={"labfl.term:Centring" = {weight = 0.02}}'
+    assert main([str(job), "--index", "0", "--results-root", str(tmp_path / "results")]) == 0
+    config = read_run(tmp_path / "results" / "grid" / "sweep-Centred-0.5-seed0.h5").attrs["config"]
+    assert config["algorithm"]["terms"] == {"labfl.term:Centring": {"weight": 0.02}}

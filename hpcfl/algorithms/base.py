@@ -13,6 +13,8 @@ An algorithm is one class holding both halves of a federated method:
 A round may also hold a swap phase (tensors go client to client) or a matching phase (a server-side
 matching opens it); their hooks come with the `Swapping` and `Matching` mix-ins (hpcfl.algorithms.phases).
 
+Every hook's `round` is 0-based: the first round is round 0 (`plan(0)`), the last `run.rounds - 1`.
+
 The runtime calls these hooks directly. FedFM's anchor phase is not part of the contract: with a
 feature-matching term in the job, the runtime wraps the algorithm (hpcfl.algorithms.anchored).
 
@@ -192,6 +194,9 @@ class Algorithm:
 
     # -- server side (rank 0) -------------------------------------------------------------------
     def init_server_state(self, model: nn.Module) -> Tensors:
+        """The server's state before round 0, made once on rank 0: the freshly initialised `model`'s
+        state_dict copied under `model.<name>`, where `global_state` finds it. Override to add the server's own
+        tensors (SCAFFOLD's control variate, FedOpt's moments); they are checkpointed with it."""
         return {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
 
     def plan(self, round: int) -> list[Phase]:

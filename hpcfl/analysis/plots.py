@@ -1,54 +1,91 @@
 """Figures from loaded results (matplotlib, no display needed): accuracy against rounds or against
-bytes exchanged with a band of ± one std over seeds (FedMA Fig. 2, FedFM-Lite Fig. 7), and a run's
-partition as a client x class heat map (FedKA Fig. 7, FedClassAvg Figs. 2-3)."""
+bytes exchanged with a band of ± one std over each group's runs (FedMA Fig. 2, FedFM-Lite Fig. 7), and
+a run's partition as a client x class heat map (FedKA Fig. 7, FedClassAvg Figs. 2-3).
+
+Figures are made with matplotlib's object-oriented API (`Figure`, whose `savefig` picks the canvas for
+the file's format), never through pyplot: importing this module leaves a notebook's backend and its
+open figures alone."""
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from hpcfl.analysis.results import Results, bytes_exchanged, shown
+from hpcfl.analysis.tables import round_means
 
-from hpcfl.analysis.results import Results, bytes_exchanged  # noqa: E402
+# what a recorded metric's name means, for an axis; any other key is shown as its own words
+WORDS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss",
+         "val_acc": "validation accuracy", "val_loss": "validation loss",
+         "personal_acc_mean": "personalised accuracy (mean over clients)", "local_test_acc": "local test accuracy"}
+
+
+def axis_label(metric: str) -> str:
+    """'round/test_acc' -> 'test accuracy'; a client/... metric is its cohort's mean that round."""
+    family, _, name = metric.partition("/")
+    words = WORDS.get(name, name.replace("_", " ").replace("/", " "))
+    return f"{words} (cohort mean)" if family == "client" else words
+
+
+def group_label(key) -> str:
+    """A group's values as the legend shows them; a key that some runs' configs lack is MISSING, as in
+    the tables (the grouping keeps those runs: dropna=False)."""
+    return ", ".join(map(shown, key if isinstance(key, tuple) else (key,)))
 
 
 def curves(results: Results, by: list[str], out: Path, metric: str = "round/test_acc", x: str = "round") -> Path:
     """One line per group of `by` keys: the mean of `metric` over its runs against the round (1-based)
-    or the cumulative MB exchanged (x = "bytes"), with a ± std band; rounds without a value are skipped."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, group in results.runs.groupby(by, sort=True) if by else [("all", results.runs)]:
+    or the cumulative MB exchanged (x = "bytes"), with a band of ± one population std over the group's
+    runs; rounds without a value are skipped. Raises ValueError, naming what is missing, when there is
+    nothing to draw (no run recorded `metric`, or the bytes for x = "bytes")."""
+    fig = Figure(figsize=(6, 4.4))
+    ax = fig.add_subplot()
+    drawn = 0
+    for key, group in results.runs.groupby(by, sort=True, dropna=False) if by else [("all", results.runs)]:
         runs = [results.series[p] for p in group["path"] if metric in results.series[p]]
+        if x == "bytes":
+            runs = [r for r in runs if bytes_exchanged(r).size]
         if not runs:
             continue
         length = min(len(r[metric]) for r in runs)
-        values = np.stack([r[metric][:length] for r in runs])
+        values = np.stack([round_means(r, metric)[:length] for r in runs])
         if x == "bytes":
             xs = np.mean([bytes_exchanged(r)[:length] for r in runs], axis=0) / 1e6
         else:
             xs = np.arange(1, length + 1)
         shown = np.isfinite(values).all(axis=0)
+        if not shown.any():
+            continue
         mean, std = values[:, shown].mean(0), values[:, shown].std(0)
-        label = ", ".join(map(str, key)) if isinstance(key, tuple) else str(key)
-        ax.plot(xs[shown], mean, label=label)
+        ax.plot(xs[shown], mean, label=f"{group_label(key)} ({len(runs)} run{'s' * (len(runs) > 1)})")
         ax.fill_between(xs[shown], mean - std, mean + std, alpha=0.2)
-    ax.set_xlabel("MB exchanged" if x == "bytes" else "round")
-    ax.set_ylabel(metric)
-    ax.legend(fontsize="small")
+        drawn += 1
+    if not drawn:
+        wanted = f"{metric} with the bytes exchanged (round/bytes_*)" if x == "bytes" else metric
+        raise ValueError(f"nothing to draw: none of the {len(results.runs)} runs recorded {wanted} in a round; "
+                         "--metric takes a round/... or client/... array of the result files")
+    ax.set_xlabel("MB exchanged (up and down, cumulative)" if x == "bytes" else "round")
+    if x == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(axis_label(metric))
+    ax.set_title(f"{metric}: line = mean over each group's runs, band = ± 1 std (ddof 0)", fontsize="small")
+    ax.legend(fontsize="small", title=", ".join(by) if by else None, title_fontsize="small")
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
     return Path(out)
 
 
 def partition_heatmap(counts: np.ndarray, out: Path, title: str = "") -> Path:
     """Samples per client (rows) and class (columns)."""
-    fig, ax = plt.subplots(figsize=(max(4, counts.shape[1] * 0.4 + 2), max(3, counts.shape[0] * 0.25 + 1)))
+    fig = Figure(figsize=(max(4, counts.shape[1] * 0.4 + 2), max(3, counts.shape[0] * 0.25 + 1)))
+    ax = fig.add_subplot()
     image = ax.imshow(counts, aspect="auto", cmap="viridis")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
     fig.colorbar(image, ax=ax, label="samples")
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(out)
-    plt.close(fig)
     return Path(out)

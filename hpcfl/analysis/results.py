@@ -11,6 +11,15 @@ from hpcfl.config import NON_RESULT_KEYS, current_names
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
+MISSING = "(missing)"        # a group's value of a config key that its runs' configs lack (tables and figures)
+
+
+def shown(value) -> str:
+    """A config value as tables and figures show a group's: MISSING where the runs' configs lack the key
+    (pandas gives NaN; a list-valued key stays a list)."""
+    return MISSING if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
+
+
 SEED_KEYS = ("run.seed", "data.seed", "run.name")        # what differs between the seeds of one setting
 
 

@@ -7,7 +7,7 @@ class (FedKA eq. 1), and where the time and bytes went; rendered as Markdown, CS
 import numpy as np
 import pandas as pd
 
-from hpcfl.analysis.results import Results, completed
+from hpcfl.analysis.results import MISSING, Results, completed, shown
 from hpcfl.data.splits import class_categories
 
 SELECTION = ("round/val_acc", "max")   # what picks a run's round: the global model on the clients' held-out data
@@ -208,6 +208,13 @@ def time_and_bytes(results: Results, by: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _cell(value, config_key: bool) -> str:
+    """One value as text; a config key's (algorithm.name) that some runs lack is (missing), not nan."""
+    if config_key and shown(value) == MISSING:
+        return MISSING
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Column names and text cells, "mean ± std" pairs merged."""
     columns, cells = [], []
@@ -219,7 +226,7 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             cells.append([f"{m:.4f} ± {s:.4f}" for m, s in zip(table[name], std, strict=True)])
             columns.append(name[:-5])
         else:
-            cells.append([f"{v:.4f}" if isinstance(v, float) else str(v) for v in table[name]])
+            cells.append([_cell(v, config_key="." in name) for v in table[name]])
             columns.append(name)
     return columns, [list(row) for row in zip(*cells, strict=True)]
 

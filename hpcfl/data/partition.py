@@ -101,7 +101,9 @@ def _deal(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> l
 
 def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_samples: int,
               *, beta: float) -> list[np.ndarray]:
-    """Per class, client shares ~ Dir(beta) (NIID-Bench / FedMA); redrawn until every client has min_samples."""
+    """Per class, client shares ~ Dir(beta), and a client already holding the average share gets no more
+    (NIID-Bench / FedMA); redrawn until every client has min_samples. In flwr-datasets this is
+    `DirichletPartitioner(self_balancing=True)`, not its default (`self_balancing=False`: no cap)."""
     _require("beta", beta, is_number(beta) and beta > 0,
              "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
     class_sizes = np.unique(labels, return_counts=True)[1]

@@ -1,4 +1,4 @@
-"""Tiny models, set-ups and a stand-in trainer for hand-computed algorithm tests."""
+"""Tiny models and set-ups for hand-computed algorithm tests (the stand-in trainer: hpcfl.testing)."""
 import numpy as np
 import torch
 from torch import nn
@@ -34,21 +34,6 @@ def make(name, net, params=None, num_clients=4, classes=2, **sections):
 
 def client(cid=0, samples=1):
     return Client(cid, torch.zeros(samples, 1), torch.zeros(samples, dtype=torch.long), np.array([samples, 0]))
-
-
-class StepTrainer:
-    """Stands in for LocalTrainer: sets every parameter to `target` (or adds `shift`) and reports
-    `steps` local steps; records the local terms it was given."""
-
-    def __init__(self, target=None, shift=0.0, steps=2):
-        self.target, self.shift, self.steps, self.terms = target, shift, steps, None
-
-    def train(self, model, client, round, terms=(), epochs=None):
-        self.terms = list(terms)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(torch.full_like(p, self.target)) if self.target is not None else p.add_(self.shift)
-        return {"train_loss": 0.5, "steps": float(self.steps)}
 
 
 def sums(layout, *contributions):

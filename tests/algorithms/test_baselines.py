@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from algorithms.helpers import Scalar, StepTrainer, client, make, sums
+from algorithms.helpers import Scalar, client, make, sums
 from torch import nn
 
 from hpcfl.algorithms.anchored import wrap
@@ -15,6 +15,7 @@ from hpcfl.algorithms.fednova import STEPS, normalising_steps
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.terms import Linear, Prox
+from hpcfl.testing import StepTrainer
 
 
 def _w(value):

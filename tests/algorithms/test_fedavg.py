@@ -3,7 +3,7 @@ each client's own initialisation, FedMA Appendix A) on its presets, and the defa
 import numpy as np
 import pytest
 import torch
-from algorithms.helpers import StepTrainer, client, make, sums
+from algorithms.helpers import client, make, sums
 from torch import nn
 
 from hpcfl.algorithms.base import ONE, WEIGHT
@@ -13,6 +13,7 @@ from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.models import load_state
+from hpcfl.testing import StepTrainer
 
 
 def test_aggregate_is_the_sample_weighted_mean():

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from algorithms.helpers import StepTrainer, client, make, sums
+from algorithms.helpers import client, make, sums
 from torch import nn
 
 from hpcfl.algorithms.anchors import ANCHORS, anchor_state
@@ -22,6 +22,7 @@ from hpcfl.models import build_model
 from hpcfl.models.common import HeadOptions
 from hpcfl.seeding import torch_seed
 from hpcfl.terms import Prox, SupCon
+from hpcfl.testing import StepTrainer
 from hpcfl.training import LocalTrainer
 
 

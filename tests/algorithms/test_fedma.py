@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from algorithms.helpers import StepTrainer, client, make
+from algorithms.helpers import client, make
 from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
@@ -30,6 +30,7 @@ from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.models import build_model
 from hpcfl.models.evaluation import evaluate
+from hpcfl.testing import StepTrainer
 from hpcfl.training import LocalTrainer
 
 

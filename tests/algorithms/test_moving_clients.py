@@ -3,13 +3,14 @@ clients keep nothing between rounds; the others are refused 'per_round' before a
 worker catches an algorithm that claims to be stateless but keeps client state."""
 import numpy as np
 import pytest
-from algorithms.helpers import Scalar, StepTrainer, client, make
+from algorithms.helpers import Scalar, client, make
 
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.jobs import job_from_dict
 from hpcfl.runtime.report import CLIENT_METRICS
 from hpcfl.runtime.worker import Worker
+from hpcfl.testing import StepTrainer
 
 MOVING = {"fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "fedprox", "fednova", "fedrs", "fedntd", "fedfm",
           "fedka"}

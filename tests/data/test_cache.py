@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+import hpcfl.data.cache
 import hpcfl.data.idx
-from hpcfl.data.cache import cache_folder, entry_path
+from hpcfl.data.cache import cache_folder, entry_path, node_local
 from hpcfl.data.datasets import load_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +84,29 @@ def test_a_flipped_byte_in_the_pixels_is_caught_by_the_checksum(cache, tmp_path)
     raw[at] ^= 0xFF
     entry.write_bytes(bytes(raw))
     assert _same(load_dataset("mnist", tmp_path / "data"), whole)     # decoded again, not read as stored
+
+
+def test_on_a_node_local_filesystem_the_training_pixels_are_mapped_from_the_entry(cache, tmp_path, recwarn):
+    assert node_local(cache)                                            # the tests' tmp: ext4, tmpfs, ...
+    load_dataset("mnist", tmp_path / "data")                           # writes the entry
+    again = load_dataset("mnist", tmp_path / "data")
+    assert isinstance(again.train_pixels, np.memmap) and not again.train_pixels.flags.writeable   # shared pages
+    assert again.train_y.numpy().flags.writeable and again.test_x.numpy().flags.writeable        # copies
+    assert torch.equal(again.train_x, load_dataset("mnist", tmp_path / "data").train_x)
+    assert not [w for w in recwarn if "writable" in str(w.message)]       # torch never saw a read-only array
+
+
+def test_on_a_network_filesystem_entries_are_read_into_memory(cache, tmp_path, monkeypatch):
+    """Another node may rewrite or remove an entry there, and a mapped reader's next page fault would
+    be a SIGBUS."""
+    table = tmp_path / "mounts"
+    table.write_text(f"/dev/vda / ext4 rw 0 0\nserver:/home {tmp_path} nfs4 rw 0 0\n")
+    assert not node_local(cache, table) and node_local(Path("/usr"), table)
+    assert not node_local(cache, tmp_path / "no-such-table")            # unknown: not mapped
+    monkeypatch.setattr(hpcfl.data.cache, "node_local", lambda folder: False)
+    load_dataset("mnist", tmp_path / "data")
+    again = load_dataset("mnist", tmp_path / "data")
+    assert not isinstance(again.train_pixels, np.memmap) and again.train_pixels.flags.writeable
 
 
 def test_concurrent_writers_leave_one_whole_entry(cache, tmp_path):

@@ -10,7 +10,6 @@ torch sees a GPU (skipped on CI): `python -m pytest tests/runtime/test_equivalen
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same_metrics, run_metrics
 
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import apply_overrides
@@ -18,6 +17,7 @@ from hpcfl.jobs import job_from_dict
 from hpcfl.metrics import read_run
 from hpcfl.runtime.build import setup
 from hpcfl.runtime.loop import run
+from hpcfl.testing import assert_same_metrics, run_metrics
 from hpcfl.transport import LocalTransport
 
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds

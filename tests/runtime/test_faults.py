@@ -11,12 +11,13 @@ import time
 
 import numpy as np
 import pytest
-from helpers import FAULT_LAUNCHER, MPIRUN, assert_same_metrics, launch, run_metrics
+from helpers import FAULT_LAUNCHER, MPIRUN, launch
 
 from hpcfl.errors import Exit, ResultsError
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.runtime.lock import claim, lock_path, release
+from hpcfl.testing import assert_same_metrics, run_metrics
 
 RESULT = "test/fedavg-dirichlet-seed0.h5"
 

@@ -14,13 +14,14 @@ import sys
 import h5py
 import pytest
 import torch
-from helpers import CHECKPOINTED_JOB, assert_same_metrics, run_metrics
+from helpers import CHECKPOINTED_JOB
 
 from hpcfl.jobs import load_job
 from hpcfl.launch import main
 from hpcfl.logs import LOG, configure
 from hpcfl.metrics import read_run
 from hpcfl.runtime.checkpoint import MANIFEST, checkpoint_root
+from hpcfl.testing import assert_same_metrics, run_metrics
 
 JOB = CHECKPOINTED_JOB.format(study="resume")
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from algorithms.helpers import client, make
 from algorithms.test_fedcme import Two
-from helpers import assert_same_metrics, run_metrics
 from runtime.test_equivalence import _execute, _job
 
 from hpcfl.algorithms.fedcme import OWN
 from hpcfl.runtime.worker import Worker
+from hpcfl.testing import assert_same_metrics, run_metrics
 
 pytestmark = pytest.mark.mpi
 

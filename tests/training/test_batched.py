@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from helpers import launch, run_metrics
+from helpers import launch
 from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS
@@ -20,6 +20,7 @@ from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.models import build_model, load_state
 from hpcfl.terms import Term
+from hpcfl.testing import run_metrics
 from hpcfl.training import LocalTrainer
 from hpcfl.training.batched import BatchedTrainer, Recorded, Recording, Trained, check_model, group_size
 
