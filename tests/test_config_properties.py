@@ -70,7 +70,8 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.di
                       max_leaves=6)
 # Values of the type a key declares: examples that get past the type checks to ranges, choices and the
 # rules between keys.
-TYPED = {int: ints, float: numbers, bool: st.booleans(), str: strings, list[float]: st.lists(numbers, max_size=3),
+TYPED = {int: ints, float: numbers, bool: st.booleans(), str: strings, int | str: ints | st.just("auto") | strings,
+         list[float]: st.lists(numbers, max_size=3),
          list[str]: st.lists(st.sampled_from(sorted(MODELS)) | strings, max_size=3),
          dict: st.dictionaries(st.sampled_from(SETTINGS), ints | numbers, max_size=2)
          | st.lists(st.sampled_from(sorted(TERMS)), max_size=2)}
@@ -180,6 +181,8 @@ def fits(value, kind) -> bool:
         return isinstance(value, list) and all(fits(v, float) for v in value)
     if kind == list[str]:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == int | str:
+        return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
     return isinstance(value, kind)
 
 

@@ -110,14 +110,12 @@ def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(fi
     history, config = {}, {}
     for folder in runs:
         (log,) = folder.glob("run-*.wandb")
-        for record in _wandb_records(log):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                name = record.run.display_name
-                config[name] = {i.key: json.loads(i.value_json) for i in record.run.config.update}
-            elif kind == "history":
-                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-                history.setdefault(name, []).append(items)
+        records = list(_wandb_records(log))           # W&B may log a history record before the run record
+        run = [r.run for r in records if r.WhichOneof("record_type") == "run"][-1]
+        config[run.display_name] = {i.key: json.loads(i.value_json) for i in run.config.update}
+        history[run.display_name] = [{i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                      for i in r.history.item}
+                                     for r in records if r.WhichOneof("record_type") == "history"]
     recorded = read_run(done).arrays
     rounds = history["fedavg-dirichlet-seed0"]
     assert [r["_step"] for r in rounds] == [1, 2, 3]
