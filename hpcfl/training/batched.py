@@ -6,15 +6,16 @@ their parameters and buffers get a leading client axis, `torch.func.vmap` runs e
 convolution becomes a grouped one), one backward pass gives every client's gradient, and the step is
 torch.optim's SGD or Adam arithmetic on the stacked tensors.
 
-The algorithm's own `client_update` decides what each client trains, in two passes (`Recording`, then
-`Trained`). The first pass runs it up to its `train` call and records what that call would train: the
-model's state (each client's start, FedAvg's independent first round included), the loss terms, and
-each term's per-client context as `start` left it (SCAFFOLD's correction, MOON's previous model, FedFM's
-anchors). The group then trains, and the second pass runs `client_update` again, whose `train` call
-now loads the client's trained model and metrics; contributions, client state, terms' `finish` and the
-worker's NaN/Inf checks come from the one per-client code path. So an algorithm batches when the code
-before its `train` call only reads state (Traits.batched vouches for that), and a term batches when
-`start` sets its per-client context as attributes and `loss` reads them (Term.batchable).
+The algorithm's own `client_update` decides what each client trains, in passes (the worker's loop). A
+pass runs every update with a `Recording` trainer, which answers the `train` calls trained already and
+records the first that is not: the model's state (each client's start, FedAvg's independent first round
+included), the loss terms, and each term's per-client context as `start` left it (SCAFFOLD's correction,
+MOON's previous model, FedFM's anchors). The recorded calls train as groups, and the next pass goes on
+from their results; when a pass records nothing, the updates run for real with a `Trained` trainer,
+which loads each client's trained model and metrics. Contributions, client state, terms' `finish` and
+the worker's NaN/Inf checks come from the one per-client code path. So an algorithm batches when its
+code before each `train` call only reads state (Traits.batched vouches for that), and a term batches
+when `start` sets its per-client context as attributes and `loss` reads them (Term.batchable).
 
 Each client sees the batches and the augmentation draws of the sequential path. At a step where the
 clients' batches differ in length (an epoch's short last batch), each length trains as its own vmapped
@@ -22,8 +23,8 @@ call, so every loss is the one the client alone would compute; a client out of b
 results equal the sequential ones to float rounding, BatchNorm included (each client's running
 statistics are its own). Randomness inside the model (dropout) is drawn per client from torch's global
 generator on the sequential path, which vmap cannot reproduce: such models are refused, naming the key.
-A group whose clients' contexts cannot be stacked (different shapes, e.g. FedKA's anchor sets) trains
-one client at a time, and the log says so once.
+A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
+one client at a time from the same records, and the log says so once.
 """
 import copy
 import logging
@@ -126,7 +127,7 @@ class Optimizer:
 
 
 class Recorded(BaseException):
-    """Ends a client_update's first pass at its `train` call (not an Exception: no handler swallows it)."""
+    """Ends a client_update's recording pass at a `train` call (not an Exception: no handler swallows it)."""
 
 
 @dataclass
