@@ -20,7 +20,7 @@ from hpcfl.algorithms.base import Algorithm, Client
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.errors import HpcflError
 from hpcfl.models.evaluation import evaluate
-from hpcfl.training.batched import Recorded, Recording, Trained
+from hpcfl.training.recording import Recorded, Recording, Trained
 
 
 class Worker:

@@ -34,6 +34,9 @@
            flow as usual. Concatenating T to each batch would instead mix T into the batch's
            normalisation and statistics and still compare training-mode with eval-mode logits. beta =
            0.1 by default (the paper tunes it in {0.5, 0.1, 0.01, 0.001}).
+           Implementation, ours: T is padded to `size` rows and the padding masked out (every client's
+           T then has one shape, so clients train together under vmap); the loss is the same to
+           rounding, and 0 (no gradient) where T is empty.
 """
 from dataclasses import dataclass
 

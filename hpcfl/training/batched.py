@@ -26,7 +26,6 @@ generator on the sequential path, which vmap cannot reproduce: such models are r
 A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
 one client at a time from the same records, and the log says so once.
 """
-import copy
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -38,8 +37,9 @@ from torch.func import functional_call, vmap
 from hpcfl.config import JobConfig, TrainConfig
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
-from hpcfl.terms import TERMS, Frozen, Term
+from hpcfl.terms import TERMS, Term
 from hpcfl.training import batch_loss
+from hpcfl.training.recording import FrozenState, Request, as_trainer, key
 
 LOG = logging.getLogger(__name__)
 KEY = "train.batched_clients"
@@ -126,54 +126,21 @@ class Optimizer:
         return new, slots
 
 
-class Recorded(BaseException):
-    """Ends a client_update's recording pass at a `train` call (not an Exception: no handler swallows it)."""
-
-
-@dataclass
-class Request:
-    """What one client's `train` call would train."""
-    client: object
-    round: int                           # what the call passed: FedClassAvg's warm-up trains as round 0
-    model: nn.Module
-    start: Tensors                       # the model's state_dict at the call
-    terms: tuple[Term, ...]
-    contexts: list[dict]                 # each term's attributes after its `start` (a Frozen as its net's state)
-    epochs: range | None
-    seed: int                            # the trainer's, which an algorithm may change on a copy of it
-    cfg: TrainConfig                     # (FedClassAvg's warm-up draws, FedMA's last-layer lr)
-
-
-def _context(term: Term) -> dict:
-    """A term's attributes as its `start` left them; `start` assigns new tensors, but a Frozen model is
-    loaded in place, so its state is copied."""
-    return {name: (_Net(value.net, {k: v.clone() for k, v in value.net.state_dict().items()})
-                   if isinstance(value, Frozen) and value.net is not None else value)
-            for name, value in vars(term).items()}
-
-
-@dataclass
-class _Net:
-    """A Frozen model's net and one client's (or, stacked, every client's) state for it."""
-    net: nn.Module
-    state: Tensors
-
-
 class Unbatchable(Exception):
     """The group's contexts cannot be stacked; its clients train one at a time."""
 
 
 @dataclass
 class _PerClient:
-    """A context value with a client axis: a tensor, a dict of tensors, or a _Net whose state has one."""
+    """A context value with a client axis: a tensor, a dict of tensors, or a FrozenState whose state has one."""
     value: object
 
 
 def _stack(name: str, values: list):
     """One term attribute across the group's clients: the value they share, or _PerClient."""
     first = values[0]
-    if isinstance(first, _Net):                  # a Frozen model's state: always the client's own
-        return _PerClient(_Net(first.net, _stacked(name, [v.state for v in values])))
+    if isinstance(first, FrozenState):                  # a Frozen model's state: always the client's own
+        return _PerClient(FrozenState(first.net, _stacked(name, [v.state for v in values])))
     if len(values) > 1 and all(v is first for v in values):     # what a term received (FedFM's anchors)
         return first
     if isinstance(first, torch.Tensor) or (isinstance(first, dict) and
@@ -259,23 +226,23 @@ class BatchedTrainer:
 
     def _train_alone(self, r: Request) -> tuple[tuple, tuple]:
         """One recorded call trained on its own, as the sequential path would."""
-        trainer = _as(self.trainer, r.seed, r.cfg)
+        trainer = as_trainer(self.trainer, r.seed, r.cfg)
         load_state(r.model, r.start)
         for term, ctx in zip(r.terms, r.contexts, strict=True):
             for name, value in ctx.items():
-                if isinstance(value, _Net):
+                if isinstance(value, FrozenState):
                     load_state(value.net, value.state)
                 else:
                     setattr(term, name, value)
         metrics = trainer.train(r.model, r.client, r.round, r.terms, r.epochs)
         state = {k: v.detach().clone() for k, v in r.model.state_dict().items()}
-        after = [{name: getattr(term, name) for name, v in ctx.items() if not isinstance(v, _Net)}
+        after = [{name: getattr(term, name) for name, v in ctx.items() if not isinstance(v, FrozenState)}
                  for term, ctx in zip(r.terms, r.contexts, strict=True)]
         return key(r.client, r.round, r.epochs, r.seed), (state, metrics, after, r.cfg)
 
     def _train_group(self, requests: list[Request]) -> dict:
         """Step t trains every client that has a t-th batch, one vmapped call per batch length."""
-        group = _Group(requests, _as(self.trainer, requests[0].seed, requests[0].cfg))
+        group = _Group(requests, as_trainer(self.trainer, requests[0].seed, requests[0].cfg))
         for t in range(group.steps):
             for members in group.by_length(t):
                 group.step(t, members)
@@ -298,7 +265,7 @@ class _Group:
                 if not isinstance(value, _PerClient):
                     setattr(term, name, value)
         self.own = [{name: v.value for name, v in ctx.items() if isinstance(v, _PerClient)} for ctx in contexts]
-        nets = {id(v.net): v.net for ctx in self.own for v in ctx.values() if isinstance(v, _Net)}
+        nets = {id(v.net): v.net for ctx in self.own for v in ctx.values() if isinstance(v, FrozenState)}
         self.prefix = {key: f"nets.{i}." for i, key in enumerate(nets)}
         self.module = _Step(self.model, list(nets.values()), self.terms)
         self.buffers = _stacked("model", [r.start for r in requests])
@@ -325,7 +292,7 @@ class _Group:
         tensors = {f"model.{n}": v for n, v in {**params, **buffers}.items()}
         for term, values, kinds in zip(self.terms, own, self.own, strict=True):
             for name, value in values.items():
-                if isinstance(kinds[name], _Net):
+                if isinstance(kinds[name], FrozenState):
                     tensors.update({self.prefix[id(kinds[name].net)] + k: v for k, v in value.items()})
                 else:
                     setattr(term, name, value)
@@ -345,7 +312,7 @@ class _Group:
         index = torch.tensor(members, device=self.device)
         part = None if len(members) == len(self.clients) else index
         x, y, second = self.batch(t, members)
-        own = [{name: _select(v.state if isinstance(v, _Net) else v, part) for name, v in ctx.items()}
+        own = [{name: _select(v.state if isinstance(v, FrozenState) else v, part) for name, v in ctx.items()}
                for ctx in self.own]
         params = {n: v.detach().requires_grad_() for n, v in _select(self.params, part).items()}
         buffers = _select(self.buffers, part)                   # BatchNorm updates its statistics in place
@@ -357,7 +324,7 @@ class _Group:
                                          _select(self.slots, part), t + 1)
         self.params, self.buffers = _put(self.params, part, new), _put(self.buffers, part, buffers)
         self.slots = {k: _put(self.slots[k], part, slots[k]) for k in self.slots}
-        self.own = [{name: v if isinstance(v, _Net) else _put(v, part, mine[name]) for name, v in ctx.items()}
+        self.own = [{name: v if isinstance(v, FrozenState) else _put(v, part, mine[name]) for name, v in ctx.items()}
                     for ctx, mine in zip(self.own, own, strict=True)]      # what `loss` updated in place
         self.totals.index_add_(0, index, loss.detach() * y.shape[1])
 
@@ -368,18 +335,10 @@ class _Group:
                     {n: v[i] for n, v in {**self.params, **self.buffers}.items()},
                     {"train_loss": totals[i] / max(sum(len(b) for b in self.plans[i]), 1),
                      "steps": float(len(self.plans[i]))},
-                    [{name: _row(v, i) for name, v in ctx.items() if not isinstance(v, _Net)} for ctx in self.own],
+                    [{name: _row(v, i) for name, v in ctx.items() if not isinstance(v, FrozenState)}
+                     for ctx in self.own],
                     self.trainer.cfg)
                 for i, c in enumerate(self.clients)}
-
-
-def _as(trainer, seed: int, cfg: TrainConfig):
-    """`trainer` with another seed and settings (the trainer an algorithm made from a copy of its own)."""
-    if (seed, cfg) == (trainer.seed, trainer.cfg):
-        return trainer
-    other = copy.copy(trainer)
-    other.seed, other.cfg = seed, cfg
-    return other
 
 
 def _row(tree, i: int):
@@ -391,51 +350,7 @@ def _restore(request: Request) -> None:
     """Give the terms back plain attributes (vmap left its per-client stand-ins on them)."""
     for term, ctx in zip(request.terms, request.contexts, strict=True):
         for name, value in ctx.items():
-            if not isinstance(value, _Net):
+            if not isinstance(value, FrozenState):
                 setattr(term, name, value)
 
 
-def key(client, round: int, epochs: range | None, seed: int) -> tuple:
-    """One `train` call of a client_update: FedClassAvg's warm-up and its round's training are two."""
-    return client.id, round, epochs, seed
-
-
-class Trained:
-    """A trainer that answers a client's `train` call with the model its group trained (`results`, by
-    `key`), with this trainer's seed and settings, which an algorithm may change on a copy of it."""
-
-    def __init__(self, trainer, results: dict):
-        self.results, self.trainer = results, trainer
-        self.seed, self.cfg = trainer.seed, trainer.cfg
-
-    def train(self, model: nn.Module, client, round: int, terms=(), epochs=None) -> dict[str, float]:
-        found = self.results.get(key(client, round, epochs, self.seed))
-        if found is None or found[3] != self.cfg:
-            return self.missing(model, client, round, terms, epochs)
-        state, metrics, contexts, _ = found
-        model.train()
-        with torch.no_grad():
-            for name, value in model.state_dict().items():
-                value.copy_(state[name])
-        for term, context in zip(terms, contexts, strict=True):   # what training left in them (FedCME's sums)
-            for name, value in context.items():
-                setattr(term, name, value)
-        return dict(metrics)
-
-    def missing(self, model, client, round, terms, epochs) -> dict[str, float]:
-        return _as(self.trainer, self.seed, self.cfg).train(model, client, round, terms, epochs)
-
-
-class Recording(Trained):
-    """The trainer of a recording pass: answers the calls trained already, records the first that is
-    not (with the model's state and the terms' contexts), then ends the client_update."""
-
-    def __init__(self, trainer, results: dict):
-        super().__init__(trainer, results)
-        self.requests: list[Request] = []
-
-    def missing(self, model, client, round, terms, epochs):
-        start = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.requests.append(Request(client, round, model, start, tuple(terms), [_context(t) for t in terms],
-                                     epochs, self.seed, self.cfg))
-        raise Recorded

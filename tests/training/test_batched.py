@@ -22,7 +22,8 @@ from hpcfl.models import build_model, load_state
 from hpcfl.terms import Term
 from hpcfl.testing import run_metrics
 from hpcfl.training import LocalTrainer
-from hpcfl.training.batched import BatchedTrainer, Recorded, Recording, Trained, check_model, group_size
+from hpcfl.training.batched import BatchedTrainer, check_model, group_size
+from hpcfl.training.recording import Recorded, Recording, Trained
 
 SIZES = (23, 40, 57, 16, 9)         # batch 16: ragged last batches, 2 to 8 steps over two epochs
 TRAINING = {"sgd": {"momentum": 0.9, "weight_decay": 1e-3, "lr": 0.05},
