@@ -111,6 +111,9 @@ class TrainConfig:
                                     # computation, equal to one after another to float rounding: every algorithm
                                     # but fedma, no dropout; 0: one after another; auto: on a GPU groups of up
                                     # to 16 where the job allows it, on a CPU (slower there) one after another
+    precision: str = "fp32"         # fp32 | bf16: local training's forward pass and loss terms under bfloat16
+                                    # autocast (matmuls and convolutions in bf16), weights, gradients, optimizer
+                                    # and evaluation in fp32; changes the numbers (a result key)
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,7 @@ CHOICES = {
     "run.memory_format": ("auto", "channels_last", "contiguous"),
     "train.optimizer": ("sgd", "adam"),
     "train.augment": ("none", "crop_flip"),
+    "train.precision": ("fp32", "bf16"),
     "model.batchnorm": ("average", "local"),
     "train.on_nonfinite": ("stop", "drop"),
 }

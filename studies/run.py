@@ -35,7 +35,7 @@ from hpcfl.metrics import compact, read_run
 from hpcfl.sweep import points
 
 HERE = Path(__file__).resolve().parent
-STUDIES = ("fedcme", "fedfm", "fedka", "fedclassavg", "fedma")
+STUDIES = ("fedcme", "fedfm", "fedka", "fedclassavg", "fedma", "precision")
 
 
 def _progress(path: Path) -> tuple[int, str, list[float]]:

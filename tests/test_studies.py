@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "studies").glob("*/*.toml")) + sorted((REPO / "studies").glob("*/gpu/*.toml"))
 
 
-def test_the_five_studies_are_shipped():
-    assert {p.parent.name for p in SWEEPS} == {"fedcme", "fedfm", "fedka", "fedclassavg", "fedma", "gpu"}
+def test_the_studies_are_shipped():
+    assert {p.parent.name for p in SWEEPS} == {"fedcme", "fedfm", "fedka", "fedclassavg", "fedma", "precision", "gpu"}
 
 
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: str(p.parent.relative_to(REPO / "studies") / p.name))

@@ -4,6 +4,9 @@ A client's randomness in a round (batch order, dropout, augmentation) comes from
 (seed, round, client), so its update is the same whichever rank trains it. Losses are accumulated on
 the device and read once per client: no host synchronisation per batch. A model with BatchNorm skips
 an epoch's last batch when it holds one sample (BatchNorm1d, or 2-d maps at 1x1, cannot train on it).
+With train.precision = "bf16" the loss is computed under bfloat16 autocast (torch's op lists: matmuls
+and convolutions in bf16, reductions and the cross-entropy in fp32); parameters, gradients and the
+optimizer stay fp32, and bf16's fp32 exponent range needs no loss scaling.
 """
 import torch
 import torch.nn.functional as F
@@ -24,6 +27,10 @@ class LocalTrainer:
         if cfg.optimizer == "adam":
             return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def autocast(self, device: torch.device) -> torch.autocast:
+        """The context a batch's loss is computed in: bfloat16 autocast with train.precision = "bf16"."""
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
     def batches(self, n: int, round: int, client: int, device, epochs: range | None = None) -> list[torch.Tensor]:
         """Index batches for the local epochs `epochs` (default: all), drawn from the (seed, round,
@@ -72,7 +79,8 @@ class LocalTrainer:
         augment = self.augmenter(client, round, terms, epochs)
         for idx in batches:
             y = client.y.index_select(0, idx)
-            loss = batch_loss(model, terms, *self.views(client.inputs(idx), augment, terms), y)
+            with self.autocast(y.device):
+                loss = batch_loss(model, terms, *self.views(client.inputs(idx), augment, terms), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

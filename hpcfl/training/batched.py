@@ -23,7 +23,8 @@ call, so every loss is the one the client alone would compute; a client out of b
 results equal the sequential ones to float rounding, BatchNorm included (each client's running
 statistics are its own). Randomness inside the model (dropout) is drawn per client from torch's global
 generator on the sequential path, which vmap cannot reproduce: such models are refused, naming the key.
-A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
+Mixed precision (train.precision = "bf16") is refused: torch's autocast does not reach the layers under
+vmap. A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
 one client at a time from the same records, and the log says so once.
 """
 import logging
@@ -56,6 +57,11 @@ def check_job(job: JobConfig, algorithm: type, supported: list[str]) -> None:
         raise ConfigError(f"{KEY} = {job.train.batched_clients}: algorithm '{algorithm.name}' does not vouch that "
                           "its client update only reads state before it trains, so its clients train one at a time; "
                           f"use one of {supported}, or set {KEY} = 0")
+    if job.train.precision != "fp32":
+        raise ConfigError(f"{KEY} = {job.train.batched_clients}: train.precision = '{job.train.precision}' trains "
+                          "clients one at a time, since torch's autocast does not reach the layers under vmap "
+                          f"(pytorch/pytorch#192617: they would compute in fp32); set {KEY} = 0, or "
+                          "train.precision = 'fp32'")
     odd = sorted(name for name in job.algorithm.terms if not TERMS.resolve(name, "algorithm.terms").batchable)
     if odd:
         raise ConfigError(f"{KEY} = {job.train.batched_clients}: the terms {odd} in algorithm.terms do not declare "

@@ -195,7 +195,8 @@ def test_a_nonfinite_client_is_caught_alike_and_spares_its_group(tiny_job, tmp_p
 
 
 @pytest.mark.parametrize("job", [{"algorithm": {"name": "fedma"}, "train": {"clients_per_round": 20}},
-                                 {"algorithm": {"name": "fedavg", "terms": [f"{__name__}:Unvouched"]}}])
+                                 {"algorithm": {"name": "fedavg", "terms": [f"{__name__}:Unvouched"]}},
+                                 {"train": {"precision": "bf16"}}])
 def test_a_job_that_cannot_batch_is_refused_naming_the_key(job):
     with pytest.raises(ConfigError, match="train.batched_clients"):
         job_from_dict({**job, "train": {**job.get("train", {}), "batched_clients": 4}})
@@ -220,7 +221,9 @@ def test_auto_trains_a_workers_whole_share_together_on_a_gpu_where_the_job_allow
         assert group_size(job, ALGORITHMS["fedavg"], [build_model("vgg9", (3, 32, 32), 10)], cuda) == 0
         fedma = job_from_dict({"algorithm": {"name": "fedma"}, "train": {"clients_per_round": 20}})
         assert group_size(fedma, ALGORITHMS["fedma"], models, cuda) == 0
+        assert group_size(job_from_dict({"train": {"precision": "bf16"}}), ALGORITHMS["fedavg"], models, cuda) == 0
     assert "one after another" in caplog.text and "Dropout" in caplog.text and "'fedma'" in caplog.text
+    assert "train.precision = 'bf16'" in caplog.text
     assert group_size(job_from_dict({"train": {"batched_clients": 3}}), ALGORITHMS["fedavg"], models, cpu) == 3
 
 

@@ -122,3 +122,28 @@ def test_a_terms_adjusted_logits_are_what_the_task_loss_sees():
     plain = _net()
     trainer.train(plain, client, 0)
     assert not all(torch.allclose(a, b, atol=1e-3) for a, b in zip(_weights(model), _weights(plain), strict=True))
+
+
+def test_bf16_trains_through_bfloat16_matmuls_with_fp32_weights():
+    """train.precision = "bf16": the layers compute from inputs and weights rounded to bfloat16, the loss
+    and the SGD step in fp32 (a hand loop with the casts written out), and the weights stay fp32."""
+    cfg = {"batch_size": 4, "lr": 0.1, "momentum": 0.9}
+    trainer, client = LocalTrainer(TrainConfig(precision="bf16", **cfg), seed=1), _client(12)
+    model, by_hand = _net(), _net()
+    trainer.train(model, client, 0)
+
+    def linear(layer, x):
+        return nn.functional.linear(x.bfloat16(), layer.weight.bfloat16(), layer.bias.bfloat16())
+
+    opt = torch.optim.SGD(by_hand.parameters(), lr=0.1, momentum=0.9)
+    for idx in trainer.batches(12, 0, client.id, "cpu"):
+        hidden = linear(by_hand.features[0], client.x[idx]).relu()
+        loss = nn.functional.cross_entropy(linear(by_hand.classifier, hidden).float(), client.y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(_weights(model), _weights(by_hand), strict=True))
+    fp32 = _net()
+    LocalTrainer(TrainConfig(**cfg), seed=1).train(fp32, client, 0)
+    assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(_weights(model), _weights(fp32), strict=True))
