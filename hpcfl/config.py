@@ -111,6 +111,9 @@ class TrainConfig:
                                     # computation, equal to one after another to float rounding: every algorithm
                                     # but fedma, no dropout; 0: one after another; auto: on a GPU groups of up
                                     # to 16 where the job allows it, on a CPU (slower there) one after another
+    cuda_graphs: bool = False       # clients trained together on a GPU: capture each kind of step (forward, loss
+                                    # terms, backward, optimizer) as a CUDA graph, replayed as one launch; equal
+                                    # to the eager steps to float rounding; off until measured (docs: GPU)
     precision: str = "fp32"         # fp32 | bf16: local training's forward pass and loss terms under bfloat16
                                     # autocast (matmuls and convolutions in bf16), weights, gradients, optimizer
                                     # and evaluation in fp32; changes the numbers (a result key)
@@ -204,7 +207,8 @@ NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.mom
 # threads, the convolutions' layout, clients trained together). A run may resume with other values, and
 # the analysis never groups or pairs runs by them.
 NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_keep", "run.round_timeout_s",
-                   "run.threads", "run.device", "run.placement", "run.memory_format", "train.batched_clients")
+                   "run.threads", "run.device", "run.placement", "run.memory_format", "train.batched_clients",
+                   "train.cuda_graphs")
 NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 
 
@@ -327,6 +331,10 @@ def _check_values(job: JobConfig) -> None:
     if group != "auto" and (not isinstance(group, int) or isinstance(group, bool) or not 0 <= group < 2 ** 63):
         raise ConfigError(f"train.batched_clients = {group!r} must be 'auto' or a number of clients >= 0 (0: one "
                           "after another)")
+    if job.train.cuda_graphs and group == 0:
+        raise ConfigError("train.cuda_graphs = true captures the steps of clients trained together, and "
+                          "train.batched_clients = 0 trains them one at a time: set train.batched_clients "
+                          "= 'auto' (or a number), or train.cuda_graphs = false")
     if job.data.seed < -1:
         raise ConfigError(f"data.seed = {job.data.seed} must be >= 0, or -1 to split with run.seed")
     if not 0.0 <= job.data.validation_fraction < 1.0:

@@ -113,9 +113,10 @@ class Optimizer:
         return {slot: {n: torch.zeros_like(p) for n, p in params.items()} for slot in self.slots}
 
     def step(self, params: Tensors, grads: Tensors, state: dict[str, Tensors],
-             step: int) -> tuple[Tensors, dict[str, Tensors]]:
+             step: torch.Tensor) -> tuple[Tensors, dict[str, Tensors]]:
         """The new parameters and state after step number `step` (1-based: clients start together, and
-        every client still training has taken every step before)."""
+        every client still training has taken every step before), a tensor on the device, so that a
+        captured step reads the current one."""
         cfg, new, slots = self.cfg, {}, {slot: {} for slot in self.slots}
         for n, p in params.items():
             g = grads[n].add(p, alpha=cfg.weight_decay) if cfg.weight_decay else grads[n]
@@ -123,8 +124,8 @@ class Optimizer:
                 beta1, beta2 = cfg.betas
                 m = slots["exp_avg"][n] = state["exp_avg"][n].lerp(g, 1 - beta1)
                 v = slots["exp_avg_sq"][n] = state["exp_avg_sq"][n].mul(beta2).addcmul(g, g, value=1 - beta2)
-                denom = (v.sqrt() / (1 - beta2 ** step) ** 0.5).add(1e-8)      # torch.optim.Adam's eps
-                new[n] = p.addcdiv(m, denom, value=-cfg.lr / (1 - beta1 ** step))
+                denom = (v.sqrt() / (1 - beta2 ** step).sqrt()).add(1e-8)      # torch.optim.Adam's eps
+                new[n] = p.addcdiv(m * (-cfg.lr / (1 - beta1 ** step)), denom)
                 continue
             if cfg.momentum:        # torch starts the buffer at the first gradient: 0 * momentum + g is that
                 g = slots["momentum"][n] = state["momentum"][n].mul(cfg.momentum).add(g)
@@ -176,13 +177,16 @@ def _select(tree, index: torch.Tensor | None):
     return tree.index_select(0, index)
 
 
-def _put(tree, index: torch.Tensor | None, part):
-    """`part` (the clients `index`) written back into the stacked tensors of `tree`, in place when `index`."""
-    if index is None:
-        return part
+def _put(tree, index: torch.Tensor | None, part) -> None:
+    """`part` (the clients `index`, all when None) written into the stacked tensors of `tree`, in place:
+    a group's tensors keep their storage from step to step, as a captured step needs."""
     if isinstance(tree, dict):
-        return {k: _put(tree[k], index, part[k]) for k in tree}
-    return tree.index_copy_(0, index, part)
+        for k in tree:
+            _put(tree[k], index, part[k])
+    elif index is not None:
+        tree.index_copy_(0, index, part)
+    elif part is not tree:
+        tree.copy_(part)
 
 
 class _Step(nn.Module):
@@ -282,6 +286,9 @@ class _Group:
         self.offsets = torch.tensor([0, *[c.num_samples for c in self.clients]]).cumsum(0).tolist()
         self.x, self.y = torch.cat([c.inputs() for c in self.clients]), torch.cat([c.y for c in self.clients])
         self.totals = torch.zeros(len(self.clients), device=self.device)
+        # the step number, in float64 as torch.optim.Adam's bias corrections are; the members' indices
+        self.count, self.indices = torch.zeros((), dtype=torch.float64, device=self.device), {}
+        self.graphs = _Graphs() if trainer.cfg.cuda_graphs and self.device.type == "cuda" else None
         self.steps = max(map(len, self.plans))
         self.model.train()
 
@@ -304,9 +311,9 @@ class _Group:
                     setattr(term, name, value)
         return functional_call(self.module, tensors, (x, second, y))
 
-    def batch(self, t: int, members: list[int]):
-        """The members' t-th batches, as the loss takes them (augmented with each client's own draws)."""
-        rows = torch.stack([self.plans[c][t] + self.offsets[c] for c in members]).to(self.device)
+    def batch(self, rows: torch.Tensor, members: list[int]):
+        """The members' batches (`rows` of the group's data), as the loss takes them (augmented with each
+        client's own draws)."""
         if all(a is None for a in self.augment):
             return self.x[rows], self.y[rows], None
         views = [self.trainer.views(self.x[r], self.augment[c], self.terms) for r, c in zip(rows, members, strict=True)]
@@ -314,10 +321,23 @@ class _Group:
         return torch.stack([v[0] for v in views]), self.y[rows], second
 
     def step(self, t: int, members: list[int]) -> None:
-        """One optimizer step of the members (all clients: no gathering), their loss added to their sums."""
-        index = torch.tensor(members, device=self.device)
+        """The members' t-th optimizer step: captured and replayed (train.cuda_graphs, no augmentation),
+        or eager."""
+        rows = torch.stack([self.plans[c][t] + self.offsets[c] for c in members]).to(self.device)
+        self.count.fill_(t + 1)
+        if self.graphs and all(a is None for a in self.augment):
+            self.graphs.run((tuple(members), rows.shape[1]), rows, lambda r: self.update(members, r))
+        else:
+            self.update(members, rows)
+
+    def update(self, members: list[int], rows: torch.Tensor) -> None:
+        """One optimizer step of the members (all clients: no gathering) on their batches `rows`, their
+        loss added to their sums; every tensor of the group is written in place."""
+        if tuple(members) not in self.indices:
+            self.indices[tuple(members)] = torch.tensor(members, device=self.device)
+        index = self.indices[tuple(members)]
         part = None if len(members) == len(self.clients) else index
-        x, y, second = self.batch(t, members)
+        x, y, second = self.batch(rows, members)
         own = [{name: _select(v.state if isinstance(v, FrozenState) else v, part) for name, v in ctx.items()}
                for ctx in self.own]
         params = {n: v.detach().requires_grad_() for n, v in _select(self.params, part).items()}
@@ -327,11 +347,12 @@ class _Group:
                         randomness="error")(params, buffers, own, x, y, second)
             grads = dict(zip(params, torch.autograd.grad(loss.sum(), list(params.values())), strict=True))
         new, slots = self.optimizer.step({n: v.detach() for n, v in params.items()}, grads,
-                                         _select(self.slots, part), t + 1)
-        self.params, self.buffers = _put(self.params, part, new), _put(self.buffers, part, buffers)
-        self.slots = {k: _put(self.slots[k], part, slots[k]) for k in self.slots}
-        self.own = [{name: v if isinstance(v, FrozenState) else _put(v, part, mine[name]) for name, v in ctx.items()}
-                    for ctx, mine in zip(self.own, own, strict=True)]      # what `loss` updated in place
+                                         _select(self.slots, part), self.count)
+        _put(self.params, part, new)
+        _put(self.buffers, part, buffers)
+        _put(self.slots, part, slots)
+        for ctx, mine in zip(self.own, own, strict=True):                 # what `loss` updated in place
+            _put({n: v for n, v in ctx.items() if not isinstance(v, FrozenState)}, part, mine)
         self.totals.index_add_(0, index, loss.detach() * y.shape[1])
 
     def results(self) -> dict:
@@ -345,6 +366,39 @@ class _Group:
                      for ctx in self.own],
                     self.trainer.cfg)
                 for i, c in enumerate(self.clients)}
+
+
+class _Graphs:
+    """A group's steps as CUDA graphs (train.cuda_graphs, on a GPU): each kind of step (its members and
+    batch length) runs eagerly on a side stream twice (the warm-up CUDA graphs need), is captured on its
+    third call and replayed from then on with its batch's rows copied in. Replaying is exact because a
+    step writes every tensor of the group in place and reads the step number from the device. The
+    graphs share one memory pool (they run one after another, and each writes its results into the
+    group's tensors). Exercised on a GPU only: bench/gpu.sh compares it with the eager path."""
+    WARMUP = 2
+
+    def __init__(self):
+        self.calls, self.captured, self.pool, self.side = defaultdict(int), {}, None, torch.cuda.Stream()
+
+    def run(self, kind: tuple, rows: torch.Tensor, update) -> None:
+        if kind in self.captured:
+            graph, static = self.captured[kind]
+            static.copy_(rows)
+            graph.replay()
+            return
+        self.calls[kind] += 1
+        if self.calls[kind] <= self.WARMUP:
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                update(rows)
+            torch.cuda.current_stream().wait_stream(self.side)
+            return
+        graph, static = torch.cuda.CUDAGraph(), rows.clone()
+        with torch.cuda.graph(graph, pool=self.pool):
+            update(static)
+        self.pool = self.pool or graph.pool()
+        self.captured[kind] = graph, static
+        graph.replay()
 
 
 def _row(tree, i: int):
