@@ -1,5 +1,5 @@
 """hpcfl's build backend: setuptools' own, which first writes the commit being built to
-hpcfl/_commit.py (not in git). The version is static (hpcfl.__version__), so a build needs no git
+hpcfl/_commit.py (not in git). The version is static (pyproject.toml's), so a build needs no git
 tags; the commit still travels with an installed copy, so that its result files name the code that
 wrote them (hpcfl.runtime.provenance). Outside a git checkout (an sdist) the file it carries stays."""
 import subprocess

@@ -9,15 +9,13 @@ load on first use, so `import hpcfl` stays light and the analysis never pulls in
 """
 import importlib
 
-__version__ = "0.2.0"                  # the one place of the version: pyproject.toml reads it from here
-try:                                   # written when hpcfl is built or installed (build-backend/hpcfl_build.py)
-    from hpcfl._commit import __commit__
-except ImportError:                    # a source tree never built (git_commit reads the checkout instead)
-    __commit__ = ""
+from hpcfl._version import built_commit
+
+__commit__ = built_commit()            # "" for a source tree never built (git_commit reads the checkout instead)
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Algorithm": "hpcfl.algorithms.base", "Client": "hpcfl.algorithms.base",
+    "Algorithm": "hpcfl.algorithms.base", "Client": "hpcfl.data.client",
     "Phase": "hpcfl.algorithms.phases", "SwapPhase": "hpcfl.algorithms.phases", "MatchPhase": "hpcfl.algorithms.phases",
     "Swapping": "hpcfl.algorithms.phases", "Matching": "hpcfl.algorithms.phases", "MATCHED": "hpcfl.algorithms.phases",
     "Setup": "hpcfl.algorithms.base", "Traits": "hpcfl.algorithms.base", "ONE": "hpcfl.algorithms.base",
@@ -40,6 +38,10 @@ def run(job, overrides=(), data_root=None, quiet=False):
 
 
 def __getattr__(name):
+    if name == "__version__":          # pyproject.toml's, as package metadata (hpcfl._version)
+        from hpcfl._version import version
+
+        return version()
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'hpcfl' has no attribute {name!r}")

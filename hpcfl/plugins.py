@@ -1,18 +1,22 @@
-"""The names a job file gives algorithms, models, data sets, partitions and loss terms.
+"""The names a job file gives algorithms, models, data sets, partitions and loss terms, and the
+record a result file keeps of the plug-ins among them.
 
-Each kind has one `Registry`: a name is a built-in's (`"fedavg"`) or an import path
-`"package.module:Name"` naming a plug-in outside hpcfl, e.g.
+Each kind has one `Registry` (hpcfl.algorithms.ALGORITHMS, hpcfl.models.MODELS,
+hpcfl.data.datasets.DATASETS, hpcfl.data.partition.PARTITIONS, hpcfl.terms.TERMS): a name is a
+built-in's (`"fedavg"`) or an import path `"package.module:Name"` naming a plug-in outside hpcfl, e.g.
 
     [algorithm]
     name = "mylab.fl:FedMine"
     terms = { "mylab.terms:Decorrelation" = { weight = 0.1 } }
 
-Built-ins are registered the same way, by import path, and imported on first use. A plug-in is
-imported when the job is validated, which every rank does before set-up, and checked for the kind
-(an Algorithm subclass, a Term subclass, a callable model or data-set constructor, a partition
-scheme's function): a missing module, a missing name or the wrong kind is a ConfigError naming the
-key and the path, so the job exits with status 2 before any rank trains. A result file records each
-plug-in's path and its package's version (`plugins` below).
+The built-ins are the objects themselves, registered by the module that defines the registry. A
+plug-in is imported when the job is validated (hpcfl.jobs), which every rank does before set-up,
+and each name is checked by its registry, built-in or not, on first use: an Algorithm or Term
+subclass with a `name` (a feature-matching term with the settings the anchor phase reads), a
+callable model or data-set constructor, a function with a partition scheme's signature. A missing
+module, a missing name or the wrong kind is a ConfigError naming the key and the path, so the job
+exits with status 2 before any rank trains. A result file records each plug-in's path and its
+package's version (`plugins` below).
 """
 import importlib
 from collections.abc import Callable, Iterator, Mapping

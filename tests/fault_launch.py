@@ -5,6 +5,8 @@
   its first client update of round HPCFL_FAULT_ROUND (1-based);
 - "nan": client HPCFL_FAULT_CLIENT trains on NaN inputs in round HPCFL_FAULT_ROUND, on whichever
   rank hosts it (the same fault on any number of ranks).
+
+The fault goes into the algorithm's `client_update` as each worker is made, whatever the algorithm.
 """
 import os
 import signal
@@ -15,21 +17,28 @@ from helpers import nan_inputs  # this script's folder, tests/, is on its path
 from hpcfl import launch
 from hpcfl.runtime.worker import Worker
 
-_update = Worker.client_update
+_init = Worker.__init__
 FAULT, ROUND = os.environ["HPCFL_FAULT"], int(os.environ.get("HPCFL_FAULT_ROUND", "1")) - 1
 ON_RANK_2 = os.environ.get("PMI_RANK") == "2"
 
 
-def _faulty_update(self, phase, round, client, *args):
+def _faulty_update(update, phase, round, client, *args):
     if FAULT == "raise" and ON_RANK_2:
         raise RuntimeError(f"injected failure in client {client.id}")
     if round == ROUND and ON_RANK_2 and FAULT in ("hang", "die"):
         os.kill(os.getpid(), signal.SIGSTOP if FAULT == "hang" else signal.SIGKILL)
     if FAULT == "nan" and round == ROUND and client.id == int(os.environ["HPCFL_FAULT_CLIENT"]):
         with nan_inputs(client):
-            return _update(self, phase, round, client, *args)
-    return _update(self, phase, round, client, *args)
+            return update(phase, round, client, *args)
+    return update(phase, round, client, *args)
 
 
-Worker.client_update = _faulty_update
+def _faulty_worker(self, *args, **kwargs):
+    """A worker whose algorithm's every client update goes through _faulty_update."""
+    _init(self, *args, **kwargs)
+    update = self.algorithm.client_update
+    self.algorithm.client_update = lambda *update_args: _faulty_update(update, *update_args)
+
+
+Worker.__init__ = _faulty_worker
 sys.exit(launch.main())

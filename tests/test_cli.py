@@ -8,12 +8,14 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import pytest
 from helpers import MPIRUN, launch
 
 import hpcfl
+from hpcfl import _version
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.cli import main
 from hpcfl.errors import EXIT_MEANING, Exit
@@ -195,8 +197,8 @@ def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was
         assert git_commit().removesuffix("-dirty") == head.stdout.strip()
     installed = tmp_path / "site-packages" / "hpcfl"    # an installed copy: no git around it
     installed.mkdir(parents=True)
-    monkeypatch.setattr(hpcfl, "__file__", str(installed / "__init__.py"))
-    monkeypatch.setattr(hpcfl, "__commit__", "1234abc")
+    monkeypatch.setattr(_version, "PACKAGE", installed)
+    monkeypatch.setitem(sys.modules, "hpcfl._commit", SimpleNamespace(__commit__="1234abc"))   # its _commit.py
     assert git_commit() == "1234abc"
-    monkeypatch.setattr(hpcfl, "__commit__", "")          # a source tree never built
+    monkeypatch.setitem(sys.modules, "hpcfl._commit", None)          # a source tree never built
     assert git_commit() == "unknown"

@@ -57,3 +57,9 @@ def test_the_contract_imports_no_implementation_and_local_training_no_algorithm(
         found = imports(PACKAGE / "algorithms" / contract) - {"hpcfl.algorithms.phases"}
         assert not {m for m in found if m.startswith(implementations)}, contract
     assert not {m for m in imports(PACKAGE / "training" / "batched.py") if m.startswith("hpcfl.algorithms")}
+
+
+def test_the_client_record_and_local_training_sit_below_the_algorithms():
+    assert not {m for m in imports(PACKAGE / "data" / "client.py") if m.startswith("hpcfl")}
+    for path in modules("training"):
+        assert not {m for m in imports(path) if m.startswith("hpcfl.algorithms")}, path.name

@@ -39,57 +39,17 @@ from torch import nn
 
 from hpcfl.algorithms.phases import Phase
 from hpcfl.config import JobConfig
+from hpcfl.data.client import Client  # noqa: F401 - re-exported: plug-ins import it from here
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.models.evaluation import evaluate
 from hpcfl.payload import Layout
-from hpcfl.terms import TERMS, Term, build_terms
+from hpcfl.terms import TERMS, Term, build_terms, matching_terms
 
 Tensors = dict[str, torch.Tensor]
 Contribution = tuple[Mapping[str, torch.Tensor], float]
 ONE = torch.ones(())          # the scalar whose weighted sum is the normaliser...
 WEIGHT = "#weight"            # ...under a name no torch module can give a parameter
-
-
-@dataclass
-class Client:
-    """One client as its worker sees it: its data (on the worker's device) and persistent state."""
-
-    id: int
-    x: torch.Tensor            # its inputs as stored: uint8 pixels when `normalization` is set; read inputs()
-    y: torch.Tensor
-    class_counts: np.ndarray
-    architecture: str = ""                              # its model (model.architectures), on heterogeneous runs
-    state: Tensors = field(default_factory=dict)       # the algorithm's own (and "bn." for model.batchnorm = "local")
-    term_state: dict[str, Tensors] = field(default_factory=dict)   # each loss term's own, under its name (Term.state)
-    eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
-    test_set: tuple[torch.Tensor, torch.Tensor] | None = None     # the global test set, if the algorithm asks
-    shared: tuple[torch.Tensor, torch.Tensor] | None = None       # FedKA's shared set S, one sample per class
-    normalization: tuple[torch.Tensor, torch.Tensor] | None = None   # (scale, shift) when x holds uint8 pixels
-
-    @property
-    def num_samples(self) -> int:
-        return int(self.y.shape[0])
-
-    def inputs(self, index: torch.Tensor | None = None) -> torch.Tensor:
-        """The samples `index` (all when None) as the model takes them. On the CPU the runner gives a
-        client an image set's uint8 pixels (a quarter of the memory, and set-up makes no float copy)
-        with their `normalization`, and each batch is normalised as it is taken, to the same floats."""
-        x = self.x if index is None else self.x.index_select(0, index)
-        if self.normalization is None:
-            return x
-        scale, shift = self.normalization
-        return x.to(torch.float32, copy=True).mul_(scale).sub_(shift)    # never x itself, in place
-
-    def kept(self) -> dict[str, Tensors]:
-        """Everything the client keeps from round to round, by owner: the algorithm's state under "",
-        each term's under the term's name. The worker holds it on the CPU between rounds."""
-        return {"": self.state, **{name: state for name, state in self.term_state.items() if state}}
-
-    def keep(self, kept: dict[str, Tensors]) -> None:
-        """Take back what `kept()` returned (moved, restored from a checkpoint)."""
-        self.state = dict(kept.get("", {}))
-        self.term_state = {name: dict(state) for name, state in kept.items() if name}
 
 
 @dataclass(frozen=True)
@@ -180,7 +140,7 @@ class Algorithm:
             raise ConfigError(f"algorithm '{cls.name}' shares whole models, so every client needs the same one: "
                               f"model.architectures = {list(job.architectures)} needs an algorithm for "
                               "heterogeneous clients (fedclassavg, fedproto, local_only, ensemble)")
-        matching = [n for n in job.algorithm.terms if TERMS[n].needs_anchors]
+        matching = matching_terms(job.algorithm.terms)
         if len(matching) > 1:
             raise ConfigError(f"algorithm.terms has {matching}: use one feature-matching term")
         if job.run.placement == "per_round" and not cls.moves_clients(job):

@@ -40,7 +40,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.payload import Layout
 from hpcfl.seeding import cohort_schedule, numpy_rng
-from hpcfl.terms import TERMS, Term
+from hpcfl.terms import Term, matching_terms
 
 FEATURES, PARTNERS, EVALUATION = "features", "partners", "evaluation"
 OWN = "cme."              # a client's mid-round model and first-half loss, in its state during the round
@@ -124,7 +124,7 @@ class FedCME(Swapping, FedAvg):
     @classmethod
     def check(cls, job):
         super().check(job)
-        matching = [n for n in job.algorithm.terms if TERMS[n].needs_anchors]
+        matching = matching_terms(job.algorithm.terms)
         if matching:
             raise ConfigError(f"fedcme sends its own global features, not FedFM's anchors: drop {matching} from "
                               "algorithm.terms")

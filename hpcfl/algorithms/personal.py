@@ -10,7 +10,7 @@ data.validation_fraction.
 from hpcfl.algorithms.base import Algorithm, Tensors, Traits
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
-from hpcfl.terms import TERMS
+from hpcfl.terms import matching_terms
 
 OWN = "model."
 
@@ -25,7 +25,7 @@ class Personal(Algorithm):
     @classmethod
     def check(cls, job):
         super().check(job)
-        matching = [n for n in job.algorithm.terms if TERMS[n].needs_anchors]
+        matching = matching_terms(job.algorithm.terms)
         if matching:
             raise ConfigError(f"algorithm '{cls.name}' has no global model to compute FedFM's anchors with: "
                               f"drop {matching} from algorithm.terms")

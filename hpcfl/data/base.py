@@ -21,8 +21,8 @@ class Dataset:
     """A normalised train/test pair on the CPU; `eq=False` because tensors have no single truth value.
 
     `mean`/`std` are the per-channel constants the images were normalised with (None for non-images),
-    so on-device augmentation can work in pixel space. `groups`/`test_groups` give each sample's natural
-    owner (the LEAF user for Shakespeare, one numbering for both splits; None where there is none).
+    so on-device augmentation can work in pixel space. `groups` gives each training sample's natural
+    owner, for the `natural` partition (the LEAF user for Shakespeare; None where there is none).
 
     An image set may hand over its training images as decoded uint8 `train_pixels` (N x C x H x W,
     divided by `pixel_scale` before normalising) with `train_x` None, and no float32 copy of the whole
@@ -40,7 +40,6 @@ class Dataset:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     groups: np.ndarray | None = None
-    test_groups: np.ndarray | None = None
     train_pixels: np.ndarray | None = field(default=None, repr=False)
     pixel_scale: float = 255.0
 

@@ -55,7 +55,7 @@ def _read_leaf_split(folder: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
 def load_shakespeare(root: Path) -> Dataset:
     """LEAF's Shakespeare next-character task: x is N x 80 int64 character indices, y the next character.
 
-    `groups`/`test_groups` number the LEAF users (speaking roles) in sorted-name order over both splits."""
+    `groups` numbers the LEAF users (speaking roles) in sorted-name order over both splits."""
     folders = [root / "shakespeare", root / "shakespeare" / "data"]   # ours, and LEAF's own repository layout
     base = next((f for f in folders if any((f / "train").glob("*.json")) and any((f / "test").glob("*.json"))), None)
     if base is None:
@@ -72,5 +72,4 @@ def load_shakespeare(root: Path) -> Dataset:
     return Dataset(name="shakespeare", train_x=ints(train_x), train_y=ints(train_y), test_x=ints(test_x),
                    test_y=ints(test_y),
                    num_classes=len(SHAKESPEARE_VOCAB),
-                   groups=np.array([index[u] for u in train_users], dtype=np.int64),
-                   test_groups=np.array([index[u] for u in test_users], dtype=np.int64))
+                   groups=np.array([index[u] for u in train_users], dtype=np.int64))

@@ -77,11 +77,6 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Everything that defines the model's function (parameters and buffers such as BN statistics)."""
-    return dict(model.state_dict())
-
-
 def load_state(model: nn.Module, state) -> None:
     """Copy `state` (any dtype/device) into the model's own tensors."""
     with torch.no_grad():

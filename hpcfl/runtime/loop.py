@@ -14,7 +14,15 @@ from hpcfl.errors import TrainingFault
 from hpcfl.logs import duration
 from hpcfl.runtime.build import Job
 from hpcfl.runtime.memory import reset_peak
-from hpcfl.runtime.report import CLIENT_METRICS, client_blocks, forgetting, gather_report, record, split_report
+from hpcfl.runtime.report import (
+    CLIENT_COLUMN,
+    CLIENT_METRICS,
+    client_blocks,
+    forgetting,
+    gather_report,
+    record,
+    split_report,
+)
 from hpcfl.runtime.resume import control, write_checkpoint
 from hpcfl.transport import Traffic
 
@@ -148,7 +156,7 @@ STEPS = {Phase: _train, SwapPhase: _swap, MatchPhase: _match}      # each kind o
 def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray) -> list[int]:
     """The sampled clients whose loss or update went NaN/Inf this round (their updates were left out)."""
     rows = split_report(job, report)[0]
-    faulty = [c for c in cohort if rows[c, CLIENT_METRICS.index("nonfinite")] > 0]
+    faulty = [c for c in cohort if rows[c, CLIENT_COLUMN["nonfinite"]] > 0]
     if faulty and job.config.train.on_nonfinite == "drop":
         LOG.warning(f"round {round + 1}: client(s) {faulty} gave a non-finite loss or update; "
                     "their updates were dropped (train.on_nonfinite = 'drop'; recorded as client/nonfinite)")

@@ -4,13 +4,13 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import hpcfl
+from hpcfl import _version
 from hpcfl.config import JobConfig
 from hpcfl.jobs import resolved_params
 from hpcfl.plugins import plugins
 
 
-def _version(package: str) -> str:
+def _installed(package: str) -> str:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -19,14 +19,14 @@ def _version(package: str) -> str:
 
 def git_commit() -> str:
     """The commit of the hpcfl in use: the checkout's HEAD when it runs from one (with "-dirty" for
-    uncommitted changes to tracked files), else the commit it was built from (hpcfl.__commit__,
+    uncommitted changes to tracked files), else the commit it was built from (hpcfl._version.built_commit,
     recorded when it was built), else 'unknown'."""
-    built = hpcfl.__commit__ or "unknown"
-    here = str(Path(hpcfl.__file__).parent)
+    built = _version.built_commit() or "unknown"
+    here = str(_version.PACKAGE)
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel", "HEAD"],
                               capture_output=True, text=True, timeout=5)
-        if head.returncode != 0 or Path(head.stdout.split()[0]).resolve() != Path(here).resolve().parent:
+        if head.returncode != 0 or Path(head.stdout.split()[0]).resolve() != _version.PACKAGE.resolve().parent:
             return built                            # not a checkout of hpcfl (an install inside another repo)
         dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=5).stdout.strip()
@@ -37,8 +37,8 @@ def git_commit() -> str:
 
 def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
     """reports: every rank's set-up info (rank, host, device), in rank order."""
-    versions = {name: _version(name) for name in ("torch", "torchvision", "numpy", "h5py", "mpi4py", "mpich")}
-    versions["hpcfl"] = hpcfl.__version__
+    versions = {name: _installed(name) for name in ("torch", "torchvision", "numpy", "h5py", "mpi4py", "mpich")}
+    versions["hpcfl"] = _version.version()
     return {"versions": versions, "git_commit": git_commit(), "world_size": len(reports),
             "hostnames": [r["host"] for r in reports], "devices": [r["device"] for r in reports],
             "setup_max_rss_bytes": [r["setup_max_rss_bytes"] for r in reports],

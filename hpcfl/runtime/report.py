@@ -16,6 +16,7 @@ LOG = logging.getLogger(__name__)
 
 CLIENT_METRICS = ("train_loss", "steps", "val_acc", "local_test_acc", "local_test_loss", "test_acc", "nonfinite",
                   "num_samples")
+CLIENT_COLUMN = {name: j for j, name in enumerate(CLIENT_METRICS)}      # a client metric's column in the rows
 RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes", "client_state_bytes",
                 "max_rss_bytes")
 
@@ -56,7 +57,7 @@ def forgetting(job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) 
     non-finite (CLIENT_METRICS 'nonfinite') had no model tested: NaN, not the ~1 its zero row would give."""
     rows, blocks, _ = split_report(job, flat)
     classes = blocks["class_acc"]
-    tested = [c for c in cohort if not rows[c, CLIENT_METRICS.index("nonfinite")] > 0]     # 1 or NaN (not set)
+    tested = [c for c in cohort if not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]     # 1 or NaN (not set)
     local = np.full((job.config.data.num_clients, job.num_classes), np.nan)
     local[tested] = classes[tested]
     return {"class/start_acc": start_acc, "client_class/test_acc": local,
@@ -69,7 +70,7 @@ def gather_report(job, rows: np.ndarray, blocks: dict[str, np.ndarray], hosted: 
     round's traffic) onto the server."""
     transport = job.transport
     for cid in hosted:                  # the rank that trained a client this round gives its size
-        rows[cid, CLIENT_METRICS.index("num_samples")] = job.worker.clients[cid].num_samples
+        rows[cid, CLIENT_COLUMN["num_samples"]] = job.worker.clients[cid].num_samples
     ranks = np.zeros((transport.size, len(RANK_METRICS)))
     compute = sum(part.compute_s for part in (job.worker, job.server) if part)
     state = job.worker.client_state_bytes() if job.worker else 0
@@ -110,7 +111,7 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
         values["example/local_test_correct"] = local_test_bits(job, blocks["local_test_correct"], cohort)
     if "client/val_acc" in values and not job.algorithm.traits.global_model and cfg.evaluates(round):
         values["round/val_acc"] = float(np.nanmean(values["client/val_acc"][cohort]))   # the clients' own models
-    samples, loss = rows[:, CLIENT_METRICS.index("num_samples")], rows[:, CLIENT_METRICS.index("train_loss")]
+    samples, loss = rows[:, CLIENT_COLUMN["num_samples"]], rows[:, CLIENT_COLUMN["train_loss"]]
     trained = [c for c in cohort if np.isfinite(loss[c])]          # a dropped NaN/Inf client is left out
     values["round/train_loss"] = (float(np.sum(loss[trained] * samples[trained]) / np.sum(samples[trained]))
                                   if trained else np.nan)

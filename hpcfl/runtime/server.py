@@ -1,4 +1,9 @@
-"""The server (rank 0): owns the global state, makes downlinks, aggregates, evaluates, records.
+"""The server (rank 0): holds the algorithm's server state and runs its server hooks on it. Each
+phase it packs the downlink payloads into flat buffers, unpacks the reduced uplink sums and
+aggregates them, and in a matching phase answers the gathered clients (FedMA); it evaluates the
+global model on the test set and on the clients' held-out validation samples, and the features'
+quality (FedFM's NMI and silhouette). The round loop (hpcfl.runtime.loop) moves the buffers, and
+hpcfl.runtime.report records what a round measured, the server's compute time (`compute_s`) with it.
 
 In a one-process run rank 0 is also the only worker; the server code is the same either way.
 """

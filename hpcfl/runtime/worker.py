@@ -16,8 +16,9 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Algorithm, Client
+from hpcfl.algorithms.base import Algorithm
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
+from hpcfl.data.client import Client
 from hpcfl.errors import HpcflError
 from hpcfl.models.evaluation import evaluate
 from hpcfl.training.recording import Recorded, Recording, Trained
@@ -45,6 +46,7 @@ class Worker:
         its own reply, as downlink[MATCHED]["reply"]."""
         start = time.perf_counter()
         sums = {name: _zeros(layout.numel, self.device) for name, layout in phase.uplink.items()}
+        column = {key: j for j, key in enumerate(metric_names)}
         self.algorithm.receive(phase, round, downlink)
         trainer = self._trainer(phase, round, hosted, downlink, replies)
         for cid in hosted:
@@ -54,7 +56,7 @@ class Worker:
             client.keep(_moved(client.kept(), lambda t: t.to(self.device)))
             received = _received(downlink, replies, cid)
             try:
-                contributions, metrics = self.client_update(phase, round, client, received, model, trainer)
+                contributions, metrics = self.algorithm.client_update(phase, round, client, received, model, trainer)
             except Exception as err:
                 err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
@@ -66,9 +68,9 @@ class Worker:
                                  f"kept {kept[:3]}: its class must not set `stateless`, nor a term it uses leave "
                                  "keeps_state unset")
             if not _finite(contributions, metrics):            # left out of the sums; the server decides
-                rows[cid, metric_names.index("nonfinite")] = 1.0
+                rows[cid, column["nonfinite"]] = 1.0
                 if "train_loss" in metrics:
-                    rows[cid, metric_names.index("train_loss")] = metrics["train_loss"]
+                    rows[cid, column["train_loss"]] = metrics["train_loss"]
                 if before is not None:
                     client.keep(before)
                 continue
@@ -90,10 +92,6 @@ class Worker:
         self.compute_s += time.perf_counter() - start
         return {name: buf.cpu().numpy() for name, buf in sums.items()}
 
-    def client_update(self, phase: Phase, round: int, client: Client, received: dict, model, trainer):
-        """One client's update: the one place the worker hands a client to the algorithm."""
-        return self.algorithm.client_update(phase, round, client, received, model, trainer)
-
     def _trainer(self, phase: Phase, round: int, hosted: list[int], downlink: dict, replies: dict | None):
         """What the clients' updates train with: with train.batched_clients and an algorithm that allows it,
         a Trained answering each `train` call with the model its group trained, else the trainer, one
@@ -111,7 +109,8 @@ class Worker:
                 kept = _moved(client.kept(), lambda t: t.to(self.device, copy=True))
                 client.keep(_moved(kept, torch.clone))
                 try:
-                    self.client_update(phase, round, client, _received(downlink, replies, cid), model, recording)
+                    self.algorithm.client_update(phase, round, client, _received(downlink, replies, cid), model,
+                                                 recording)
                 except Recorded:
                     pass
                 else:                        # a phase without training (FedFM's anchors): nothing to batch

@@ -28,7 +28,7 @@ from hpcfl.terms.weights import Linear, Prox
 
 __all__ = ["Frozen", "Term", "Tensors", "Moon", "ProjectedClassifier", "SupCon", "KnowledgeAnchor",
            "NotTrueDistillation", "RestrictedSoftmax", "ContrastiveGuiding", "FeatureMatching",
-           "L2Matching", "Linear", "Prox", "TERMS", "term_params", "build_terms", "adapt_model"]
+           "L2Matching", "Linear", "Prox", "TERMS", "term_params", "build_terms", "adapt_model", "matching_terms"]
 
 
 def check_term(found) -> str | None:
@@ -47,6 +47,12 @@ def check_term(found) -> str | None:
 TERMS = Registry("algorithm.terms", check_term, {
     cls.name: cls for cls in (Prox, Moon, RestrictedSoftmax, NotTrueDistillation, ContrastiveGuiding, L2Matching,
                               SupCon, KnowledgeAnchor)})
+
+
+def matching_terms(names) -> list[str]:
+    """The feature-matching terms (those that need FedFM's anchors, `needs_anchors`) among `names`, a job's
+    algorithm.terms: Algorithm.check allows one at most, and algorithms without the anchor phase none."""
+    return [name for name in names if TERMS[name].needs_anchors]
 
 
 def term_params(name: str, raw: Mapping) -> Term.Params:

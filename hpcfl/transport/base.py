@@ -1,14 +1,21 @@
-"""The transport contract: four collectives on flat NumPy buffers, with byte and wait accounting.
+"""The transport contract: collectives on flat NumPy buffers, with byte and wait accounting (`Traffic`).
 
 Rank 0 is the server; ranks >= 1 are workers hosting clients (one process: rank 0 hosts them all).
 Every method is collective: every rank calls it, in the same order, even with nothing to send.
-Algorithms never see this layer; the runtime turns declared payloads into these calls.
+Algorithms never see this layer; the round loop (hpcfl.runtime.loop) turns the payloads a phase
+declares into these calls.
 
-- `broadcast`: server -> every rank (the downlink model, anchors, pairings).
-- `reduce_sum`: float64 sum over ranks onto the server (weighted averaging, anchor sums).
-- `gather` / `scatter`: per-client buffers to / from the server (FedMA layers and assignments).
-- `exchange`: client-to-client buffers, each receiver getting its source's (FedCME's classifier swap:
-  both directions of each pair; many-to-one matching: one source may feed several receivers).
+- `broadcast`: server -> every rank (a phase's downlink payloads: the model, FedFM's anchors,
+  FedCME's partners; a matching phase's shared answer; the round's checkpoint/stop decision).
+- `reduce_sum`: float64 sum over ranks onto the server (a phase's uplink sums, the round's report,
+  the ranks' stop signals).
+- `gather` / `scatter`: per-client buffers to / from the server (a matching phase: FedMA's layers
+  in, each client's assignment out).
+- `exchange`: client-to-client buffers, each receiver getting its source's (a swap phase: FedCME's
+  classifier swap, both directions of each pair; many-to-one matching: one source may feed several
+  receivers). `deliver_in_memory` is the part of it that stays on one rank.
+- `share`: every rank's small info dict, in rank order (set-up reports and failures, checkpoint
+  file digests): bookkeeping, never payloads.
 """
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -83,11 +90,6 @@ class Transport(ABC):
 
     def close(self) -> None:  # noqa: B027 (a no-op hook)
         pass
-
-
-def pairs_to_sources(pairs: list[tuple[int, int]]) -> dict[int, int]:
-    """Both directions of each pair (a, b): a receives b's buffer and b receives a's."""
-    return {**{a: b for a, b in pairs}, **{b: a for a, b in pairs}}
 
 
 def deliver_in_memory(sources: dict[int, int], items: dict[int, np.ndarray], hosted) -> dict[int, np.ndarray]:

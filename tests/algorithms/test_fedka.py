@@ -16,7 +16,6 @@ from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.runtime.report import FORGETTING_XI
-from hpcfl.runtime.worker import Worker
 from hpcfl.terms import KnowledgeAnchor
 
 COUNTS = np.array([50, 3, 0, 0, 47])            # gamma 0.1: dominant {0, 4}, non-dominant {1}, missing {2, 3}
@@ -199,7 +198,8 @@ def test_forgetting_needs_a_global_model():
 
 
 def test_a_dropped_client_has_no_forgetting_degree(tiny_job, tmp_path, monkeypatch):
-    update = Worker.client_update
+    fedka = ALGORITHMS["fedka"]
+    update = fedka.client_update
 
     def poisoned(self, phase, round, client, *args):              # client 1 trains on NaN in round 1 (0-based)
         if round == 1 and client.id == 1:
@@ -207,7 +207,7 @@ def test_a_dropped_client_has_no_forgetting_degree(tiny_job, tmp_path, monkeypat
                 return update(self, phase, round, client, *args)
         return update(self, phase, round, client, *args)
 
-    monkeypatch.setattr(Worker, "client_update", poisoned)
+    monkeypatch.setattr(fedka, "client_update", poisoned)
     assert main([str(tiny_job("fedka", rounds=2)), "--results-root", str(tmp_path), "--set", "run.name='ka'",
                  "--set", "eval.forgetting=true", "--set", "train.clients_per_round=6",
                  "--set", "train.on_nonfinite='drop'"]) == 0

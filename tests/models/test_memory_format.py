@@ -10,7 +10,7 @@ import hpcfl
 from hpcfl.algorithms.neurons import chain, place, place_inputs, resize_, width
 from hpcfl.jobs import job_from_dict
 from hpcfl.metrics import read_run
-from hpcfl.models import build_model, lay_out, load_state, model_state
+from hpcfl.models import build_model, lay_out, load_state
 from hpcfl.payload import Layout
 from hpcfl.runtime.build import build_models
 from hpcfl.runtime.placement import memory_format
@@ -41,8 +41,8 @@ def test_the_runner_lays_out_convolutions(setting, expected):
     assert all(p.is_contiguous() for p in model.parameters() if p.dim() != 4)   # the rest as built
     plain = build_model("fmnist_cnn_bn", (1, 28, 28), 10)
     plain.load_state_dict(model.state_dict())
-    assert torch.equal(Layout.of(model_state(model)).pack(model_state(model)),     # payloads in NCHW order
-                       Layout.of(model_state(plain)).pack(model_state(plain)))
+    assert torch.equal(Layout.of(model.state_dict()).pack(model.state_dict()),     # payloads in NCHW order
+                       Layout.of(plain.state_dict()).pack(plain.state_dict()))
 
 
 def test_only_2d_convolution_weights_change_layout():
@@ -60,17 +60,17 @@ def test_a_received_model_keeps_the_layout():
     """The global model arrives as contiguous tensors and is copied in, not swapped in."""
     torch.manual_seed(0)
     model = lay_out(build_model("fmnist_cnn", (1, 28, 28), 10), CL)
-    received = {k: torch.randn_like(v, memory_format=torch.contiguous_format) for k, v in model_state(model).items()}
+    received = {k: torch.randn_like(v, memory_format=torch.contiguous_format) for k, v in model.state_dict().items()}
     load_state(model, received)
     assert _channels_last(model.conv[3].weight)
-    assert all(torch.equal(v, received[k]) for k, v in model_state(model).items())
+    assert all(torch.equal(v, received[k]) for k, v in model.state_dict().items())
 
 
 @pytest.mark.parametrize("layout", [CL, NCHW])
 def test_fedma_resizing_keeps_the_layout(layout):
     torch.manual_seed(0)
     net = lay_out(build_model("lenet", (1, 28, 28), 10), layout)
-    state = {k: v.detach().clone() for k, v in model_state(net).items()}
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
     first, second = chain(net)[:2]
     own = width(state, first)
     positions = torch.arange(own)

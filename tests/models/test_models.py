@@ -10,7 +10,7 @@ from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
-from hpcfl.models import MODELS, build_model, count_parameters, model_options, model_state
+from hpcfl.models import MODELS, build_model, count_parameters, model_options
 from hpcfl.models.common import HeadOptions, ReluLinear
 from hpcfl.models.evaluation import evaluate
 from hpcfl.models.vision import ResNetOptions
@@ -79,7 +79,7 @@ def test_same_seed_same_weights(name):
     states = []
     for seed in (7, 7, 8):
         torch.manual_seed(seed)
-        states.append(model_state(build_model(name, in_shape, num_classes)))
+        states.append(build_model(name, in_shape, num_classes).state_dict())
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     assert any(not torch.equal(states[0][k], states[2][k]) for k in states[0])
@@ -198,7 +198,7 @@ def test_vgg9_matches_fedma_table4_exactly():
     assert param_shapes(model) == expected
     assert count_parameters(model) == 3_491_530          # FedMA Table 7, "original" parameter count
     assert not has_norm_layer(model)
-    assert not any(k.endswith(("running_mean", "running_var")) for k in model_state(model))
+    assert not any(k.endswith(("running_mean", "running_var")) for k in model.state_dict())
     dropouts = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     assert dropouts == [0.05, 0.10, 0.10]
 

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from hpcfl.transport import LocalTransport
-from hpcfl.transport.base import pairs_to_sources
 
 
 @pytest.fixture
@@ -53,7 +52,7 @@ def test_scatter_delivers_only_the_named_receivers(transport):
 
 def test_exchange_swaps_pairs_in_memory(transport):
     items = {c: np.full(3, float(c)) for c in (0, 1, 2, 5)}
-    out = transport.exchange("classifier", pairs_to_sources([(0, 5), (2, 1)]), items)
+    out = transport.exchange("classifier", {0: 5, 5: 0, 2: 1, 1: 2}, items)
     assert set(out) == {0, 1, 2, 5}
     assert np.array_equal(out[0], items[5]) and np.array_equal(out[5], items[0])
     assert np.array_equal(out[1], items[2]) and np.array_equal(out[2], items[1])
@@ -61,7 +60,7 @@ def test_exchange_swaps_pairs_in_memory(transport):
 
 def test_exchange_leaves_unpaired_clients_out(transport):
     items = {c: np.full(2, float(c)) for c in (0, 1, 3)}
-    out = transport.exchange("classifier", pairs_to_sources([(0, 1)]), items)
+    out = transport.exchange("classifier", {0: 1, 1: 0}, items)
     assert set(out) == {0, 1}
     assert transport.exchange("classifier", {}, items) == {}
 

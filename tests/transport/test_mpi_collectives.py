@@ -12,8 +12,6 @@ import socket
 import numpy as np
 import pytest
 
-from hpcfl.transport.base import pairs_to_sources
-
 pytestmark = pytest.mark.mpi
 
 N_CLIENTS = 7
@@ -231,12 +229,12 @@ def test_exchange(make_transport):
     client_rank, pairs, lengths = exchange_setup(comm.size)
     t = make_transport(client_rank)
     mine = {c: client_buf(c, lengths[c], salt=2) for c in hosted(client_rank, comm.rank)}
-    out = t.exchange("classifier", pairs_to_sources(pairs), mine)
+    partner = {a: b for a, b in pairs} | {b: a for a, b in pairs}       # both directions of each pair
+    out = t.exchange("classifier", partner, mine)
     stats = t.take_stats()
     # a second exchange right after must not pick up the first one's messages
-    out2 = t.exchange("classifier", pairs_to_sources(pairs), {c: -b for c, b in mine.items()})
+    out2 = t.exchange("classifier", partner, {c: -b for c, b in mine.items()})
 
-    partner = {a: b for a, b in pairs} | {b: a for a, b in pairs}
     expected = {c: client_buf(partner[c], lengths[c], salt=2) for c in mine if c in partner}
     assert sorted(out) == sorted(expected)
     for c, buf in expected.items():
