@@ -21,6 +21,8 @@ the slowest rank. Printed: the median in ms and ratio = hpcfl / raw. The run is 
 `flock /tmp/hpcfl-bench.lock`, so benchmarks on a shared machine do not overlap.
 
     python bench/aggregation.py [--reps 10] [--warmup 2] [--clients-per-worker 1]
+    python bench/aggregation.py --smoke   # the same three parts on the small CNNs (fmnist_cnn averaged, LeNet's
+                                          # layers gathered from 4 clients), once: checks that the bench runs (CI)
 """
 import argparse
 import subprocess
@@ -38,6 +40,8 @@ MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 LOCK = "/tmp/hpcfl-bench.lock"
 RANKS = 3
 FEDMA_CLIENTS = 16             # jobs/fedma/cifar10-vgg9.toml
+AVERAGED, GATHERED = ("resnet18", (3, 32, 32)), ("vgg9", (3, 32, 32))      # (model, input shape) of parts 1-2 and 3
+SMOKE = ("fmnist_cnn", (1, 28, 28)), ("lenet", (1, 28, 28)), 4              # --smoke: the same, small, 4 FedMA clients
 MB = 1e6
 
 
@@ -85,9 +89,10 @@ class Bench:
 
 
 # -- the payloads ---------------------------------------------------------------------------------
-def fedfm_resnet18(clients_here: list[int]):
-    """(algorithm, worker or None, server or None, model) of FedFM on a ResNet-18, its anchor phase from
-    round 0; the worker hosts `clients_here`, whose contributions are set in worker.contributions."""
+def fedfm_resnet18(clients_here: list[int], name: str = AVERAGED[0], shape: tuple = AVERAGED[1]):
+    """(algorithm, worker or None, server or None, model) of FedFM on a ResNet-18 (or model `name`), its
+    anchor phase from round 0; the worker hosts `clients_here`, whose contributions are set in
+    worker.contributions."""
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
     from hpcfl.algorithms.anchored import wrap
     from hpcfl.algorithms.base import Client, Setup
@@ -96,9 +101,9 @@ def fedfm_resnet18(clients_here: list[int]):
     from hpcfl.runtime.server import Server
     from hpcfl.runtime.worker import Worker
 
-    job = load_job(JOB, ['algorithm.name="fedfm"', "algorithm.params.start_round=0", 'model.name="resnet18"',
+    job = load_job(JOB, ['algorithm.name="fedfm"', "algorithm.params.start_round=0", f"model.name={name!r}",
                          'data.dataset="cifar10"'])
-    model = build_model("resnet18", (3, 32, 32), 10)
+    model = build_model(name, shape, 10)
     setup = Setup.of(job, model, np.ones((job.data.num_clients, 10), dtype=np.int64))
     algorithm = wrap(ALGORITHMS["fedfm"](algorithm_params("fedfm", job.algorithm.params), setup))
 
@@ -109,10 +114,10 @@ def fedfm_resnet18(clients_here: list[int]):
         def client_update(self, phase, round, client, received, model, trainer):
             return {name: self.contributions[name] for name in phase.uplink}, {}
 
-    clients = {c: Client(c, torch.zeros(1, 3, 32, 32), torch.zeros(1, dtype=torch.long), np.ones(10), "resnet18")
+    clients = {c: Client(c, torch.zeros(1, *shape), torch.zeros(1, dtype=torch.long), np.ones(10), name)
                for c in clients_here}
-    worker = Replay(algorithm, clients, {"resnet18": model}, None, "cpu", 10, 1) if clients else None
-    server = None if clients else Server(algorithm, model, torch.zeros(1, 3, 32, 32), torch.zeros(1, dtype=torch.long),
+    worker = Replay(algorithm, clients, {name: model}, None, "cpu", 10, 1) if clients else None
+    server = None if clients else Server(algorithm, model, torch.zeros(1, *shape), torch.zeros(1, dtype=torch.long),
                                          1, "cpu")
     return algorithm, worker, server, model
 
@@ -153,19 +158,20 @@ def aggregate_rows(bench, transport, worker, server, phase, cohort: list[int]) -
             ("  of which Server.aggregate: unpack, divide", mb, bench.seconds(lambda: server_aggregate(send64)))]
 
 
-def vgg9_layers() -> list[tuple[str, int, int]]:
-    """(layer, neurons, elements per neuron: inputs + bias) of VGG-9 on CIFAR-10."""
+def vgg9_layers(name: str = GATHERED[0], shape: tuple = GATHERED[1]) -> list[tuple[str, int, int]]:
+    """(layer, neurons, elements per neuron: inputs + bias) of VGG-9 on CIFAR-10 (or model `name`)."""
     from hpcfl.models import build_model
 
-    state = build_model("vgg9", (3, 32, 32), 10).state_dict()
+    state = build_model(name, shape, 10).state_dict()
     return [(key.removesuffix(".weight"), w.shape[0], w[0].numel() + 1)
             for key, w in state.items() if key.endswith(".weight")]
 
 
-def gather_rows(bench, transport, clients_here: list[int]) -> list[tuple[str, float, float, float]]:
-    """Per VGG-9 layer: (layer, MB per worker, raw Gatherv s, hpcfl gather s)."""
+def gather_rows(bench, transport, clients_here: list[int], gathered: tuple = GATHERED
+                ) -> list[tuple[str, float, float, float]]:
+    """Per VGG-9 layer (or `gathered` model's): (layer, MB per worker, raw Gatherv s, hpcfl gather s)."""
     comm, rows = bench.comm, []
-    for layer, neurons, width in vgg9_layers():
+    for layer, neurons, width in vgg9_layers(*gathered):
         items = {c: np.random.default_rng(c).random(neurons * width) for c in clients_here}
         flat = np.concatenate(list(items.values())) if items else np.zeros(0)
         counts = comm.allgather(flat.size)
@@ -177,7 +183,7 @@ def gather_rows(bench, transport, clients_here: list[int]) -> list[tuple[str, fl
 
 
 # -- on every rank --------------------------------------------------------------------------------
-def rank_main(reps: int, warmup: int, per_worker: int) -> None:
+def rank_main(reps: int, warmup: int, per_worker: int, smoke: bool = False) -> None:
     from mpi4py import MPI
 
     from hpcfl.algorithms.base import ONE, WEIGHT
@@ -188,7 +194,8 @@ def rank_main(reps: int, warmup: int, per_worker: int) -> None:
     rank, workers = comm.Get_rank(), comm.Get_size() - 1
     bench, transport = Bench(comm, reps, warmup), MpiTransport({}, comm)
     cohort = list(range(workers * per_worker))
-    algorithm, worker, server, model = fedfm_resnet18([c for c in cohort if c % workers + 1 == rank])
+    (averaged, gathered, fedma_clients) = SMOKE if smoke else (AVERAGED, GATHERED, FEDMA_CLIENTS)
+    algorithm, worker, server, model = fedfm_resnet18([c for c in cohort if c % workers + 1 == rank], *averaged)
     anchor_phase, train_phase = algorithm.plan(0)
     classes, dim = algorithm.setup.num_classes, algorithm.setup.feature_dim
     contributions = {
@@ -201,16 +208,16 @@ def rank_main(reps: int, warmup: int, per_worker: int) -> None:
                 f"median of {reps} after {warmup} warm-up(s), each the slowest rank's time")
 
     baselines = ["raw Reduce float64", "raw Allreduce float64"]
-    bench.table(f"1. weighted average, ResNet-18: {train_phase.uplink['model'].numel:,} float64 elements per rank",
+    bench.table(f"1. weighted average, {averaged[0]}: {train_phase.uplink['model'].numel:,} float64 elements per rank",
                 aggregate_rows(bench, transport, worker, server, train_phase, cohort), baselines)
     bench.table(f"2. FedFM anchors: {classes} classes x {dim} features + counts "
                 f"({anchor_phase.uplink['anchors'].numel:,} float64 elements per rank)",
                 aggregate_rows(bench, transport, worker, server, anchor_phase, cohort), baselines)
 
-    here = [c for c in range(FEDMA_CLIENTS) if c % workers + 1 == rank]
-    rows = gather_rows(bench, transport, here)
-    bench.print(f"\n3. FedMA gather, VGG-9 layers, {FEDMA_CLIENTS} clients ({FEDMA_CLIENTS // workers} per worker), "
-                "float64")
+    here = [c for c in range(fedma_clients) if c % workers + 1 == rank]
+    rows = gather_rows(bench, transport, here, gathered)
+    bench.print(f"\n3. FedMA gather, {gathered[0]} layers, {fedma_clients} clients "
+                f"({fedma_clients // workers} per worker), float64")
     bench.print(f"  {'layer':<12} {'MB/worker':>10} {'raw Gatherv ms':>15} {'hpcfl gather ms':>16} {'hpcfl / raw':>12}")
     for layer, mb, raw, ours in rows:
         bench.print(f"  {layer:<12} {mb:>10.2f} {1e3 * raw:>15.2f} {1e3 * ours:>16.2f} {ours / raw:>12.2f}")
@@ -222,14 +229,18 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--clients-per-worker", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="the small CNNs, once: checks that the bench runs")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)     # set on the ranks by the driver
     args = parser.parse_args()
+    if args.smoke:
+        args.reps, args.warmup = 1, 0
     if args.rank:
-        rank_main(args.reps, args.warmup, args.clients_per_worker)
+        rank_main(args.reps, args.warmup, args.clients_per_worker, args.smoke)
         return
     subprocess.run(["flock", LOCK, MPIRUN, "-np", str(RANKS), sys.executable, __file__, "--rank",
                     "--reps", str(args.reps), "--warmup", str(args.warmup),
-                    "--clients-per-worker", str(args.clients_per_worker)], check=True, cwd=REPO)
+                    "--clients-per-worker", str(args.clients_per_worker), *(["--smoke"] if args.smoke else [])],
+                   check=True, cwd=REPO)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 written by the Recorder and copied with each run's own configuration.
 
     python bench/analysis.py [--files 500] [--rounds 200]
+    python bench/analysis.py --smoke      # 5 files of 5 rounds: checks that the bench runs (CI)
 """
 import argparse
 import json
@@ -22,7 +23,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--smoke", action="store_true", help="5 files of 5 rounds: checks that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.files, args.rounds = 5, 5
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -7,6 +7,7 @@ them trained in one round under `mpirun -np 3` (server + 2 workers, 50 clients e
 worker's `rank/client_state_bytes` and peak resident memory from the result file.
 
     python bench/baselines.py [--rounds 4] [--algorithms fedavg moon] [--skip-memory]
+    python bench/baselines.py --smoke     # FedAvg, 2 rounds on `digits`, one process: checks that it runs (CI)
 """
 import argparse
 import tempfile
@@ -18,6 +19,7 @@ import runs
 from hpcfl.algorithms import ALGORITHMS
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "quickstart.toml"
+SMOKE = ["data.dataset='digits'"]    # --smoke: the small built-in set, every other setting the quickstart's
 
 
 def launch(root: Path, name: str, algorithm: str, *overrides: str, ranks: int = 0) -> dict:
@@ -25,13 +27,13 @@ def launch(root: Path, name: str, algorithm: str, *overrides: str, ranks: int = 
     return runs.launch(JOB, root, name, f"algorithm.name={algorithm!r}", *personal, *overrides, ranks=ranks)
 
 
-def per_round_times(root: Path, algorithms: list[str], rounds: int) -> None:
+def per_round_times(root: Path, algorithms: list[str], rounds: int, *extra: str) -> None:
     print(f"wall time per round, one process, {rounds} rounds (median of rounds 1..), relative to fedavg")
     base = None
     for algorithm in algorithms:
         everyone = ["train.clients_per_round=20", "data.num_clients=20"] if algorithm == "ensemble" else []
         arrays = launch(root, f"time-{algorithm}", algorithm, f"run.rounds={rounds}", "train.clients_per_round=5",
-                        *everyone)
+                        *everyone, *extra)
         seconds = float(np.median(arrays["round/time_s"][1:]))
         per_client = seconds / (20 if everyone else 5)
         base = per_client if algorithm == "fedavg" else base
@@ -55,8 +57,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--algorithms", nargs="+", default=["fedavg", *sorted(set(ALGORITHMS) - {"fedavg"})])
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="FedAvg, 2 rounds on digits, one process: checks that "
+                        "the bench runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.smoke:
+            return per_round_times(Path(tmp), ["fedavg"], 2, *SMOKE)
         per_round_times(Path(tmp), args.algorithms, args.rounds)
         if not args.skip_memory:
             state_memory(Path(tmp), ["fedavg", "scaffold", "moon"])

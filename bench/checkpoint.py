@@ -7,6 +7,7 @@
    and until the requeued job resumes training.
 
     python bench/checkpoint.py [--clients 100] [--slurm /tmp/hpcfl-slurm]
+    python bench/checkpoint.py --smoke    # 10 clients on `digits`, one process: checks that the bench runs (CI)
 """
 import argparse
 import os
@@ -23,9 +24,10 @@ MPIRUN = str(Path(sys.executable).with_name("mpirun"))
 JOB = REPO / "jobs" / "quickstart.toml"
 
 
-def checkpoint_cost(clients: int, ranks: int, root: Path) -> tuple[float, float]:
+def checkpoint_cost(clients: int, ranks: int, root: Path, *extra: str) -> tuple[float, float]:
     """(checkpoint MiB, median write seconds) of a SCAFFOLD run checkpointing every round."""
     cmd = [sys.executable, "-m", "hpcfl.launch", str(JOB), "--results-root", str(root),
+           *(arg for o in extra for arg in ("--set", o)),
            "--set", "algorithm.name=scaffold", "--set", f"data.num_clients={clients}",
            "--set", "train.clients_per_round=10", "--set", "run.rounds=4",
            "--set", "run.checkpoint_every=1", "--set", "run.checkpoint_keep=5", "--set", f"run.name='ck{ranks}'"]
@@ -77,11 +79,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--slurm", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="10 clients on digits, one process: checks that the "
+                        "bench runs")
     args = parser.parse_args()
+    clients, every, extra = (10, (1,), ["data.dataset='digits'"]) if args.smoke else (args.clients, (1, 3), [])
     with tempfile.TemporaryDirectory() as tmp:
-        for ranks in (1, 3):
-            size, seconds = checkpoint_cost(args.clients, ranks, Path(tmp))
-            print(f"SCAFFOLD, {args.clients} clients, {ranks} rank(s): checkpoint {size:.1f} MiB, "
+        for ranks in every:
+            size, seconds = checkpoint_cost(clients, ranks, Path(tmp), *extra)
+            print(f"SCAFFOLD, {clients} clients, {ranks} rank(s): checkpoint {size:.1f} MiB, "
                   f"written in {seconds:.3f} s (median)")
     if args.slurm:
         requeued, resumed = requeue_turnaround(args.slurm)

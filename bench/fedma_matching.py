@@ -9,6 +9,7 @@ client models:
   match back only in part: the Indian buffet prior still adds a few neurons per client.
 
     python bench/fedma_matching.py [--clients 16] [--model vgg9] [--threads 1]
+    python bench/fedma_matching.py --smoke        # 2 clients of LeNet: checks that the bench runs (CI)
 """
 import argparse
 import time
@@ -16,8 +17,8 @@ import time
 import numpy as np
 import torch
 
+from hpcfl import MATCHED, Client, Setup
 from hpcfl.algorithms import ALGORITHMS, algorithm_params
-from hpcfl.algorithms.base import MATCHED, Client, Setup
 from hpcfl.algorithms.neurons import chain, place, place_inputs, width
 from hpcfl.jobs import job_from_dict
 from hpcfl.models import build_model
@@ -68,7 +69,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--model", default="vgg9")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="2 clients of LeNet: checks that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.model = 2, "lenet"
     torch.set_num_threads(args.threads)
     torch.manual_seed(100)
     template = build_model(args.model, SHAPE, CLASSES)

@@ -7,8 +7,7 @@
 #      FedFM's ResNet-18 regime on CIFAR-shaped images, projected to its 100 rounds of E = 10;
 #   4. W = 1, 2, 4, 8 worker ranks sharing the GPU: time per round, speed-up, efficiency;
 #   5. channels_last against contiguous convolution weights on the GPU (run.memory_format = 'auto'
-#      keeps a GPU contiguous until this says otherwise);
-#   6. pooling before ReLU against the papers' order, and one client's loop against a bare loop.
+#      keeps a GPU contiguous until this says otherwise).
 # Each part runs even if the one before it failed; PYTHON names the interpreter (default python). Every
 # part's output goes to OUT/<part>.txt as well as the terminal (batched: also OUT/batched.md and .json).
 #     [REPEAT=4] sh bench/gpu.sh OUT [ROUNDS]
@@ -29,5 +28,3 @@ $py bench/overhead.py --device cuda --rounds 2 --profile 2>&1 | tee "$out/profil
 $py bench/scaling.py --workers 1,2,4,8 --rounds 4 --set "run.device='cuda'" 2>&1 | tee "$out/scaling.txt"
 $py bench/memory_format.py --device cuda --models fmnist_cnn,fmnist_cnn_bn,lenet,tcnn,resnet18 2>&1 \
     | tee "$out/memory_format.txt"
-$py bench/pool_order.py --device cuda 2>&1 | tee "$out/pool_order.txt"
-$py bench/local_step.py --device cuda 2>&1 | tee "$out/local_step.txt"

@@ -21,6 +21,7 @@ Each run is wrapped in `flock /tmp/hpcfl-bench.lock` so benchmarks on a shared m
 overlap; results go to a temporary folder.
 
     python bench/idle.py [--rounds 3] [--scenario np3 np4]
+    python bench/idle.py --smoke          # -np 3, 2 rounds on `digits`: checks that the bench runs (CI)
 """
 import argparse
 import json
@@ -69,14 +70,14 @@ def rank_main(out: Path, launch_args: list[str]) -> int:
 
 
 # -- the driver ----------------------------------------------------------------------------------
-def run_scenario(ranks: int, per_round: int, rounds: int, tmp: Path) -> tuple[dict, Path]:
-    """One locked `mpirun`; (rank -> recorded calls, result file)."""
+def run_scenario(ranks: int, per_round: int, rounds: int, tmp: Path, *extra: str) -> tuple[dict, Path]:
+    """One locked `mpirun` (`extra`: more --set overrides); (rank -> recorded calls, result file)."""
     out = tmp / f"np{ranks}"
     out.mkdir()
     name = f"idle-np{ranks}"
     cmd = ["flock", LOCK, MPIRUN, "-np", str(ranks), sys.executable, __file__, "--rank-out", str(out), "--",
            str(JOB), "--results-root", str(tmp), "--set", f"run.rounds={rounds}", "--set", f"run.name='{name}'",
-           "--set", f"train.clients_per_round={per_round}"]
+           "--set", f"train.clients_per_round={per_round}", *(arg for o in extra for arg in ("--set", o))]
     subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
     calls = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
     return calls, tmp / "quickstart" / f"{name}.h5"
@@ -136,17 +137,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scenario", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
+    parser.add_argument("--smoke", action="store_true", help="-np 3, 2 rounds on digits: checks that the bench runs")
     parser.add_argument("--rank-out", type=Path, help=argparse.SUPPRESS)      # set on the ranks by the driver
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)        # the ranks' hpcfl.launch arguments follow "--"
     args, launch_args = parser.parse_args(argv[:split]), argv[split + 1:]
     if args.rank_out:
         sys.exit(rank_main(args.rank_out, launch_args))
+    extra = []
+    if args.smoke:
+        args.scenario, args.rounds, extra = ["np3"], 2, ["data.dataset='digits'"]
     print(f"CPU time per rank while it waits in collectives (target < {TARGET_PCT:g} % of a core)")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.scenario:
             ranks, per_round = SCENARIOS[name]
-            calls, result = run_scenario(ranks, per_round, args.rounds, Path(tmp))
+            calls, result = run_scenario(ranks, per_round, args.rounds, Path(tmp), *extra)
             print_table(f"mpirun -np {ranks}: {per_round} of 20 clients per round, {args.rounds} rounds",
                         calls, busy_ranks(result))
 

@@ -28,10 +28,13 @@ work, with 3 ranks that busy-poll inside MPI: expect noise. Every mpirun, and th
 holds `flock /tmp/hpcfl-bench.lock`, so benchmarks on a shared machine do not overlap.
 
     python bench/load.py [clients|model|metrics|all] [--rounds 4] [--table-mib 512] [--gib 0.25 1 2.125]
+    python bench/load.py --smoke      # seconds, one process: 200 rounds x 20 clients of metrics, and the
+                                      # table model built at 1 MiB (checks that the bench runs; CI)
 """
 import argparse
 import fcntl
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -95,8 +98,8 @@ def register_table_model(table_mib: int) -> None:
         """The FMNIST CNN plus a lookup table whose row, chosen by a hash of the image, adds to the
         features: the model is as large as the table, its compute stays the CNN's."""
 
-        def __init__(self, in_shape, num_classes):
-            super().__init__(in_shape, num_classes)
+        def __init__(self, in_shape, num_classes, **options):
+            super().__init__(in_shape, num_classes, **options)     # options=: the CNN's head options
             width = self.classifier.in_features
             self.table = nn.Embedding(table_mib * MIB // (4 * width), width)
             nn.init.zeros_(self.table.weight)
@@ -105,7 +108,7 @@ def register_table_model(table_mib: int) -> None:
             row = (x.flatten(1).sum(1) * 1000).long().remainder(self.table.num_embeddings)
             return super().features(x) + self.table(row)
 
-    MODELS[TABLE_MODEL] = TableCNN
+    MODELS.register(TABLE_MODEL, TableCNN)
 
 
 def runner_rank(table_mib: str, *launch_args: str) -> None:
@@ -271,12 +274,13 @@ def read_h5py(path: Path, key: str) -> np.ndarray:
         return file[key][:]
 
 
-def metrics_check(rounds: int, clients: int) -> None:
+def metrics_check(rounds: int, clients: int, lock: bool = True) -> None:
     print(f"3. metrics: {rounds:,} rounds x {clients:,} clients through hpcfl.metrics.Recorder")
     rng = np.random.default_rng(0)
     key = "client/train_loss"
-    with tempfile.TemporaryDirectory() as tmp, open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with tempfile.TemporaryDirectory() as tmp, open(LOCK if lock else os.devnull, "a") as held:
+        if lock:
+            fcntl.flock(held, fcntl.LOCK_EX)
         path = Path(tmp) / "load.h5"
         written, append_s, raw = np.empty((rounds, clients)), np.empty(rounds), 0
         with Recorder.create(path, {"config": {}}) as recorder:
@@ -301,6 +305,21 @@ def metrics_check(rounds: int, clients: int) -> None:
         print(f"   read_run(path), all {len(everything)} arrays: {all_s:.2f} s")
 
 
+def smoke() -> None:
+    """Seconds, in this process, no mpirun: the metrics check at 200 rounds x 20 clients, and the
+    table model registered and built at 1 MiB (what `model` runs on every rank), one forward pass."""
+    import torch
+
+    from hpcfl.models import build_model
+
+    metrics_check(200, 20, lock=False)
+    register_table_model(1)
+    model = build_model(TABLE_MODEL, (1, 28, 28), 10)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    out = model(torch.rand(4, 1, 28, 28))
+    print(f"   {TABLE_MODEL}: {size / MIB:.2f} MiB of parameters, output {tuple(out.shape)}")
+
+
 def main() -> None:
     ranks = {"rank-runner": runner_rank, "rank-transport": transport_rank}
     if sys.argv[1:2] and sys.argv[1] in ranks:      # a rank this script started under mpirun
@@ -313,7 +332,10 @@ def main() -> None:
     parser.add_argument("--gib", type=float, nargs="+", default=[0.25, 1.0, 2.125], help="transport buffer sizes")
     parser.add_argument("--metric-rounds", type=int, default=10_000)
     parser.add_argument("--metric-clients", type=int, default=1_000)
+    parser.add_argument("--smoke", action="store_true", help="seconds, one process: checks that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        return smoke()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         checks = {"clients": partial(clients_check, Path(tmp), args.rounds),

@@ -6,6 +6,7 @@ alternating the two (the machine's speed drifts); each figure is the best of --r
 seconds and the ratio channels_last / contiguous per model, for training and for evaluation.
 
     python bench/memory_format.py [--device cpu|cuda] [--batches 20] [--repeat 3] [--models fmnist_cnn,lenet]
+    python bench/memory_format.py --smoke     # fmnist_cnn, 2 batches, once, on the CPU: checks that it runs (CI)
 """
 import argparse
 import time
@@ -64,7 +65,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--models", default="fmnist_cnn,fmnist_cnn_bn,fmnist_cnn_wide,lenet,tcnn")
+    parser.add_argument("--smoke", action="store_true", help="fmnist_cnn, 2 batches, once, on the CPU: checks that "
+                        "the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.device, args.batches, args.repeat, args.models = "cpu", 2, 1, "fmnist_cnn"
     torch.set_num_threads(1)
     device = torch.device(args.device)
     print(f"device: {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu, 1 thread'}, "

@@ -17,6 +17,7 @@ and hpcfl's split carried to flwr-datasets as a client column (`NaturalIdPartiti
 
     pip install flwr-datasets   # not an hpcfl dependency: in a separate environment that also has hpcfl
     python bench/partitions_flwr.py [--seeds 30] [--clients 10,20] [--out DIR]
+    python bench/partitions_flwr.py --smoke       # 20 seeds, 10 clients: checks that it runs (CI, with flwr-datasets)
 
 Offline: the partitioners get a `datasets.Dataset` built from local labels; nothing is downloaded.
 """
@@ -181,7 +182,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=30, help="splits per tool, pair and client count (>= 20)")
     parser.add_argument("--clients", default="10,20", help="comma-separated client counts")
     parser.add_argument("--out", type=Path, help="also write the report to OUT/partitions_flwr.md")
+    parser.add_argument("--smoke", action="store_true", help="20 seeds, 10 clients: checks that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.seeds, args.clients = 20, "10"
     if args.seeds < 20:
         parser.error("--seeds must be >= 20: the interval's t quantile is only accurate from 19 degrees of freedom")
     labels, source = training_labels()

@@ -26,6 +26,7 @@ Each run is wrapped in `flock /tmp/hpcfl-bench.lock` (benchmarks on a shared mac
 and writes to a temporary folder.
 
     python bench/scaling.py [--job jobs/quickstart.toml] [--workers 1,2] [--rounds 4] [--set KEY=VALUE ...]
+    python bench/scaling.py --smoke       # W = 1, 2 rounds on `digits`: checks that the bench runs (CI)
 """
 import argparse
 import subprocess
@@ -155,7 +156,10 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts, e.g. 1,2,4,8")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--smoke", action="store_true", help="W = 1, 2 rounds on digits: checks that the bench runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.workers, args.rounds, args.overrides = "1", 2, [*args.overrides, "data.dataset='digits'"]
     workers = sorted(int(w) for w in args.workers.split(","))
     cfg = load_job(args.job, args.overrides)
     print(f"{Path(args.job).name}: {cfg.algorithm.name}, {cfg.data.num_clients} clients, "

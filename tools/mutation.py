@@ -7,14 +7,14 @@ and dataclass methods are mutated like any other code; docstrings, strings and a
 Each mutant runs the module's own tests (MPI tests deselected, stopping at the first failure); it
 is *killed* when a test fails or the run outlives its time limit, and *survives* otherwise.
 
-    python bench/mutation.py                      # every module below, 2 mutants at a time
-    python bench/mutation.py --modules payload anchors --jobs 2 --out survivors.txt
-    python bench/mutation.py --list               # the modules and their tests
+    python tools/mutation.py                      # every module below, 2 mutants at a time
+    python tools/mutation.py --modules payload anchors --jobs 2 --out survivors.txt
+    python tools/mutation.py --list               # the modules and their tests
 
 Reading survivors. A survivor is either *equivalent* (the change cannot alter behaviour, e.g.
 `x >= 0` -> `x > 0` where x is never 0 by construction, or a constant in a log message) or a *real*
 gap: a behaviour no test pins. Fix a real gap with a test that fails on the mutant. List an
-equivalent one in bench/mutation_equivalent.txt as `module :: mutation :: source line` (copy the
+equivalent one in tools/mutation_equivalent.txt as `module :: mutation :: source line` (copy the
 survivor's line from --out; line numbers are not part of the key, so edits elsewhere keep it); the
 score counts it neither way. Score = killed / (mutants - listed equivalents).
 

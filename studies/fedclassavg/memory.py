@@ -1,6 +1,7 @@
-"""FedClassAvg's memory and bytes (its accuracy study: studies/fedclassavg).
+"""FedClassAvg's memory and bytes (its accuracy study: this folder's README).
 
-    python bench/fedclassavg.py [--data-root DIR]
+    python studies/fedclassavg/memory.py [--data-root DIR]
+    python studies/fedclassavg/memory.py --smoke      # 4 clients, 25 images each, 2 architectures (CI)
 
 It runs one round of Table 2's heterogeneous CIFAR-10 job (ResNet-18, ShuffleNetV2, GoogLeNet,
 AlexNet; 20 clients, all trained) under `mpirun -np 3` and prints the classifier bytes per client and
@@ -9,13 +10,17 @@ stand-in in CIFAR-10's real file format (memory does not depend on the pixels).
 """
 import argparse
 import pickle
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from runs import launch
 
-JOBS = Path(__file__).resolve().parent.parent / "jobs" / "fedclassavg"
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+from runs import launch  # noqa: E402  (bench/runs.py: what the bench scripts share)
+
+JOBS = REPO / "jobs" / "fedclassavg"
 
 
 def _cifar_stand_in(root: Path, train: int = 1200, test: int = 400) -> None:
@@ -30,15 +35,21 @@ def _cifar_stand_in(root: Path, train: int = 1200, test: int = 400) -> None:
         (base / name).write_bytes(pickle.dumps(batch, protocol=2))
 
 
+# --smoke: 4 clients of 25 stand-in images on two of the four architectures (one round of all four on the
+# CPU takes tens of seconds); the same script path, for CI
+SMOKE = ["data.num_clients=4", "train.clients_per_round=4", "model.architectures=['alexnet_cifar', 'shufflenetv2']",
+         "model.params={preactivation=true}"]
+
+
 def memory(args) -> None:
+    clients, sizes, smoke = (4, (100, 20), SMOKE) if args.smoke else (20, (1200, 400), [])
     with tempfile.TemporaryDirectory() as tmp:
         data_root = args.data_root
         if data_root is None:
             data_root = Path(tmp) / "data"
-            _cifar_stand_in(data_root)
+            _cifar_stand_in(data_root, *sizes)
         arrays = launch(JOBS / "cifar10-dir.toml", Path(tmp), "memory", "run.rounds=1",
-                        f"data.root={str(data_root)!r}", ranks=3)
-        clients = 20
+                        f"data.root={str(data_root)!r}", *smoke, ranks=0 if args.smoke else 3)
         print(f"classifier bytes per client per round: down {arrays['round/bytes_down/shared'][0] / clients:,.0f}, "
               f"up {arrays['round/bytes_up/shared'][0] / clients:,.0f}")
         state, rss = arrays["rank/client_state_bytes"][-1], arrays["rank/max_rss_bytes"][-1]
@@ -49,6 +60,8 @@ def memory(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true", help="4 clients of 25 stand-in images, two "
+                        "architectures: checks that it runs")
     memory(parser.parse_args())
 
 
