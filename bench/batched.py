@@ -1,11 +1,13 @@
 """Each method's local training with a worker's sampled clients one after another against together
 (train.batched_clients), through the launcher, on one device.
 
-Each case runs the same job twice per repeat, sequential (batched_clients = 0) and batched (a worker's
-whole share of the cohort), the order alternating between repeats, and reads the result files: the
-training phases' seconds per round (round 1 left out: kernels and the CUDA context warm up there), the
-speed-up sequential / batched (a figure > 1 is batching's gain) and the largest difference between the
-two runs' test accuracies (the paths agree to float rounding; it is the drift that rounding gives).
+Each case runs the same job once per path and repeat, the paths' order rotating between repeats:
+sequential (batched_clients = 0), batched (a worker's whole share of the cohort) and, on a GPU, batched
+with each step a CUDA graph (train.cuda_graphs) and sequential under bf16 autocast (train.precision).
+From the result files: the training phases' seconds per round (round 1 left out: kernels, the CUDA
+context and the graphs' capture warm up there), each path's speed-up over sequential (> 1 is a gain)
+and the largest difference between its test accuracies and sequential's (batched and graphs agree with
+it to float rounding, so theirs is the drift rounding gives; bf16's is the precision's effect).
 The cases are the quickstart's FedAvg and the seed papers' methods on it, FedClassAvg on its three
 widths, and FedFM's own regime: ResNet-18 with the ImageNet stem on CIFAR-shaped synthetic images (10
 clients x 5,000 images of 32 x 32 x 3, batch 64, E = 1), whose seconds per round project FedFM's 100
@@ -77,22 +79,32 @@ def train_seconds(arrays: dict) -> list[float]:
     return list(np.sum([arrays[k] for k in phases], axis=0)[1:])
 
 
+def paths(device: str) -> dict[str, list[str]]:
+    """The compared paths, each a list of --set overrides: on a GPU also CUDA graphs and bf16."""
+    together = "train.batched_clients=" + ("'auto'" if device == "cuda" else "1000")
+    out = {"sequential": ["train.batched_clients=0"], "batched": [together]}
+    if device == "cuda":
+        out.update(graphs=[together, "train.cuda_graphs=true"],
+                   bf16=["train.batched_clients=0", "train.precision='bf16'"])
+    return out
+
+
 def measure(case: str, sets: list[str], device: str, rounds: int, repeat: int, root: Path) -> dict:
     common = [*sets, f"run.device='{device}'", f"run.rounds={rounds}", "run.checkpoint_every=0"]
-    seconds = {"sequential": [], "batched": []}
-    drift = 0.0
+    compared = paths(device)
+    seconds, drift = {p: [] for p in compared}, dict.fromkeys(compared, 0.0)
     for r in range(repeat):
-        order = ["sequential", "batched"] if r % 2 == 0 else ["batched", "sequential"]
-        got = {}
-        for path in order:
-            group = "0" if path == "sequential" else "'auto'" if device == "cuda" else "1000"
-            got[path] = run([*common, f"train.batched_clients={group}"], root, f"{case}-{path}-{r}")
-            seconds[path] += train_seconds(got[path])
-        acc = [got[p]["round/test_acc"] for p in ("sequential", "batched") if "round/test_acc" in got[p]]
-        if len(acc) == 2:
-            drift = max(drift, float(np.nanmax(np.abs(acc[0] - acc[1]))))
-    seq, bat = statistics.median(seconds["sequential"]), statistics.median(seconds["batched"])
-    return {"case": case, "sequential_s": seq, "batched_s": bat, "speedup": seq / bat, "max_test_acc_drift": drift}
+        order = list(compared)[r % len(compared):] + list(compared)[:r % len(compared)]
+        got = {p: run([*common, *compared[p]], root, f"{case}-{p}-{r}") for p in order}
+        for p in compared:
+            seconds[p] += train_seconds(got[p])
+            if "round/test_acc" in got[p]:
+                gap = np.abs(got[p]["round/test_acc"] - got["sequential"]["round/test_acc"])
+                drift[p] = max(drift[p], float(np.nanmax(gap)))
+    median = {p: statistics.median(seconds[p]) for p in compared}
+    return {"case": case, **{f"{p}_s": median[p] for p in compared},
+            **{f"{p}_speedup": median["sequential"] / median[p] for p in compared if p != "sequential"},
+            **{f"{p}_drift": drift[p] for p in compared if p != "sequential"}}
 
 
 def main() -> None:
@@ -116,15 +128,17 @@ def main() -> None:
             rows.append(measure(case, sets, device, rounds, repeat, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU, 1 thread"
-    lines = [f"device: {name}; {rounds} rounds x {repeat} repeats; {time.perf_counter() - began:.0f} s", "",
-             "| case | sequential s/round | batched s/round | speed-up | max test-acc drift |", "|---|---|---|---|---|"]
-    lines += [f"| {r['case']} | {r['sequential_s']:.3f} | {r['batched_s']:.3f} | {r['speedup']:.2f}x | "
-              f"{r['max_test_acc_drift']:.4f} |" for r in rows]
+    others = [p for p in paths(device) if p != "sequential"]
+    lines = [f"device: {name}; {rounds} rounds x {repeat} repeats; {time.perf_counter() - began:.0f} s; s/round "
+             "of training, speed-up over sequential, and the largest test-accuracy difference from it", "",
+             "| case | sequential s | " + " | ".join(f"{p} s | {p} speed-up | {p} drift" for p in others) + " |",
+             "|---|---|" + "---|---|---|" * len(others)]
+    lines += [f"| {r['case']} | {r['sequential_s']:.3f} | " + " | ".join(
+        f"{r[p + '_s']:.3f} | {r[p + '_speedup']:.2f}x | {r[p + '_drift']:.4f}" for p in others) + " |" for r in rows]
     fedfm = next((r for r in rows if r["case"] == "resnet18-fedfm"), None)
     if fedfm:           # FedFM's regime: 100 rounds of E = 10 epochs, from rounds of one epoch
-        lines.append(f"\nFedFM's regime (100 rounds, E = 10) projected from resnet18-fedfm: "
-                     f"{100 * 10 * fedfm['batched_s'] / 60:.1f} GPU-minutes batched, "
-                     f"{100 * 10 * fedfm['sequential_s'] / 60:.1f} sequential")
+        lines.append("\nFedFM's regime (100 rounds, E = 10) projected from resnet18-fedfm: "
+                     + ", ".join(f"{100 * 10 * fedfm[p + '_s'] / 60:.1f} GPU-minutes {p}" for p in paths(device)))
     (out / "batched.md").write_text("\n".join(lines) + "\n")
     (out / "batched.json").write_text(json.dumps({"device": name, "rows": rows}, indent=1))
     print("\n".join(lines))

@@ -3,7 +3,8 @@
 # Fashion-MNIST under $HPCFL_DATA or the default data root):
 #   1. hpcfl against a plain PyTorch loop on the same GPU (one process; and 3 ranks sharing the GPU);
 #   2. where hpcfl's GPU rounds spend their time (torch profiler, host waits for the device);
-#   3. each method's clients one after another vs trained together (train.batched_clients), and
+#   3. each method's clients one after another vs trained together (train.batched_clients), together
+#      with each step a CUDA graph (train.cuda_graphs), and one after another under bf16, and
 #      FedFM's ResNet-18 regime on CIFAR-shaped images, projected to its 100 rounds of E = 10;
 #   4. W = 1, 2, 4, 8 worker ranks sharing the GPU: time per round, speed-up, efficiency;
 #   5. channels_last against contiguous convolution weights on the GPU (run.memory_format = 'auto'
@@ -19,7 +20,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d)"
 py=${PYTHON:-python}
-$py bench/batched.py --device cuda --rounds 3 --repeat 2 --out "$out" \
+$py bench/batched.py --device cuda --rounds 2 --repeat 1 --out "$out" \
     --cases fedavg,fedfm-cg,fedcme,fedka,fedclassavg,moon,scaffold 2>&1 | tee "$out/batched.txt"
 $py bench/batched.py --device cuda --rounds 2 --repeat 1 --out "$out/resnet18" --cases resnet18-fedfm 2>&1 \
     | tee "$out/batched-resnet18.txt"

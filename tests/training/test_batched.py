@@ -50,6 +50,17 @@ class Ragged(Term):
         return ((features.mean() - self.target.mean()) ** 2).sum()
 
 
+class Pull(Term):
+    """A term with a per-client context that stacks: pulls the features' mean towards its target's."""
+    name, batchable = "pull", True
+
+    def start(self, model, client, round, received):
+        self.target = torch.full((2,), 0.1 * client.id)
+
+    def loss(self, model, x, y, features, logits):
+        return ((features.mean() - self.target.mean()) ** 2).sum()
+
+
 class Unvouched(Term):
     """A plug-in term that does not declare batchable."""
     name = "unvouched"
@@ -231,3 +242,36 @@ def test_auto_trains_a_workers_whole_share_together_on_a_gpu_where_the_job_allow
 def test_a_bad_batched_clients_is_refused_naming_the_key(value):
     with pytest.raises(ConfigError, match="train.batched_clients"):
         job_from_dict({"train": {"batched_clients": value}})
+
+
+@pytest.mark.parametrize("setting", ["adam", "sgd"])
+def test_a_groups_tensors_keep_their_storage_from_step_to_step(setting, monkeypatch):
+    """What a CUDA graph's replay relies on (train.cuda_graphs): every step, whole group or some of its
+    clients, writes the parameters, BatchNorm buffers, optimizer slots, terms' contexts and summed losses
+    in place, and reads the step number from the device; captured once, a step's addresses stay valid."""
+    from hpcfl.training import batched
+
+    cfg = job_from_dict({"train": {"batch_size": 16, "local_epochs": 2, **TRAINING[setting]}}).train
+    trainer, clients = LocalTrainer(cfg, seed=3), _clients()[:3]
+    torch.manual_seed(0)
+    model = build_model("fmnist_cnn_bn", (1, 8, 8), 10)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    seen, update = [], batched._Group.update
+
+    def addresses(group):
+        tensors = [group.totals, *group.params.values(), *group.buffers.values(),
+                   *(t for slot in group.slots.values() for t in slot.values()),
+                   *(v for ctx in group.own for v in ctx.values() if isinstance(v, torch.Tensor))]
+        return [t.data_ptr() for t in tensors]
+
+    def spy(self, members, rows):
+        before = addresses(self)
+        update(self, members, rows)
+        assert addresses(self) == before
+        seen.append((len(members), float(self.count)))
+
+    monkeypatch.setattr(batched._Group, "update", spy)
+    term = Pull(None)
+    BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start, [term]))
+    assert {m for m, _ in seen} == {3, 2, 1}                # the whole group, then fewer as clients run out
+    assert [c for _, c in seen] == sorted(c for _, c in seen) and seen[-1][1] == 2 * -(-SIZES[2] // 16)
