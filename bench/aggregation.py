@@ -28,6 +28,7 @@ import argparse
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from statistics import median
 
@@ -92,7 +93,7 @@ class Bench:
 def fedfm_resnet18(clients_here: list[int], name: str = AVERAGED[0], shape: tuple = AVERAGED[1]):
     """(algorithm, worker or None, server or None, model) of FedFM on a ResNet-18 (or model `name`), its
     anchor phase from round 0; the worker hosts `clients_here`, whose contributions are set in
-    worker.contributions."""
+    worker.algorithm.contributions."""
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
     from hpcfl.algorithms.anchored import wrap
     from hpcfl.algorithms.base import Client, Setup
@@ -107,16 +108,22 @@ def fedfm_resnet18(clients_here: list[int], name: str = AVERAGED[0], shape: tupl
     setup = Setup.of(job, model, np.ones((job.data.num_clients, 10), dtype=np.int64))
     algorithm = wrap(ALGORITHMS["fedfm"](algorithm_params("fedfm", job.algorithm.params), setup))
 
-    class Replay(Worker):
-        """Clients return a fixed contribution per payload instead of training."""
+    class Replay:
+        """The algorithm, its clients returning a fixed contribution per payload instead of training."""
         contributions: dict = {}            # payload name -> (tensors, weight), set by the caller
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
 
         def client_update(self, phase, round, client, received, model, trainer):
             return {name: self.contributions[name] for name in phase.uplink}, {}
 
     clients = {c: Client(c, torch.zeros(1, *shape), torch.zeros(1, dtype=torch.long), np.ones(10), name)
                for c in clients_here}
-    worker = Replay(algorithm, clients, {name: model}, None, "cpu", 10, 1) if clients else None
+    worker = Worker(Replay(algorithm), clients, {name: model}, None, "cpu", 10, 1) if clients else None
     server = None if clients else Server(algorithm, model, torch.zeros(1, *shape), torch.zeros(1, dtype=torch.long),
                                          1, "cpu")
     return algorithm, worker, server, model
@@ -203,7 +210,7 @@ def rank_main(reps: int, warmup: int, per_worker: int, smoke: bool = False) -> N
         "anchors": ({"sums": torch.rand(classes, dim, dtype=torch.float64),
                      "counts": torch.full((classes,), 50.0, dtype=torch.float64)}, 1.0)}
     if worker:
-        worker.contributions = contributions
+        worker.algorithm.contributions = contributions
     bench.print(f"mpirun -np {comm.Get_size()} (server + {workers} workers), {per_worker} client(s) per worker; "
                 f"median of {reps} after {warmup} warm-up(s), each the slowest rank's time")
 
@@ -235,7 +242,12 @@ def main() -> None:
     if args.smoke:
         args.reps, args.warmup = 1, 0
     if args.rank:
-        rank_main(args.reps, args.warmup, args.clients_per_worker, args.smoke)
+        try:
+            rank_main(args.reps, args.warmup, args.clients_per_worker, args.smoke)
+        except BaseException:
+            from mpi4py import MPI
+            traceback.print_exc()
+            MPI.COMM_WORLD.Abort(1)             # a failing rank must not leave the others waiting
         return
     subprocess.run(["flock", LOCK, MPIRUN, "-np", str(RANKS), sys.executable, __file__, "--rank",
                     "--reps", str(args.reps), "--warmup", str(args.warmup),

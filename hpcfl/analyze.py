@@ -112,29 +112,33 @@ def _selection(args) -> tuple[str, str] | None:
     return on, args.select or ("min" if on.endswith("loss") else "max")
 
 
-def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
-    args = _parser(prog).parse_args(argv)
-    if args.command == "export":
-        try:
-            written, problems = export(args.results, Path(args.out), args.to)
-        except ResultsError as err:
-            sys.stderr.write(f"hpcfl: error: {err}\n")
-            return 2
-        for problem in problems:
-            sys.stderr.write(f"hpcfl: skipped: {problem}\n")
-        print(f"hpcfl: {len(written)} run(s) written under {args.out}; then: {VIEW[args.to].format(out=args.out)}")
-        return 0 if written else 2
-    if args.command == "partition":
-        try:
-            run = read_run(args.run, keys=["partition"])
-        except ResultsError as err:
-            sys.stderr.write(f"hpcfl: error: {err}\n")
-            return 2
-        print(partition_heatmap(run.arrays["partition"], args.out, title=str(run.attrs.get("run", ""))))
-        return 0
+def _export(args) -> int:
+    try:
+        written, problems = export(args.results, Path(args.out), args.to)
+    except ResultsError as err:
+        sys.stderr.write(f"hpcfl: error: {err}\n")
+        return 2
+    for problem in problems:
+        sys.stderr.write(f"hpcfl: skipped: {problem}\n")
+    print(f"hpcfl: {len(written)} run(s) written under {args.out}; then: {VIEW[args.to].format(out=args.out)}")
+    return 0 if written else 2
+
+
+def _partition(args) -> int:
+    try:
+        run = read_run(args.run, keys=["partition"])
+    except ResultsError as err:
+        sys.stderr.write(f"hpcfl: error: {err}\n")
+        return 2
+    print(partition_heatmap(run.arrays["partition"], args.out, title=str(run.attrs.get("run", ""))))
+    return 0
+
+
+def _results(args):
+    """The result files the command reads (only the metrics it needs), cut to --rounds / --max-bytes;
+    None, having said why, when none is readable."""
     names, prefixes = NEEDS[args.command]
-    max_bytes = getattr(args, "max_bytes", None)
-    select = _selection(args)
+    max_bytes, select = getattr(args, "max_bytes", None), _selection(args)
     reads = (args.metric, SELECTION[0], *NOISE_NEEDS, *(select[:1] if select else ()))
     results = load(args.results, metrics=reads if names is None else names,
                    prefixes=(*prefixes, "round/bytes_") if max_bytes is not None else prefixes)
@@ -142,16 +146,27 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
         sys.stderr.write(f"hpcfl: skipped: {problem}\n")
     if results.runs.empty:
         sys.stderr.write("hpcfl: error: no readable result files\n")
-        return 2
+        return None
     for _, run in results.incomplete.iterrows():
         sys.stderr.write(f"hpcfl: note: {run['path']} is {run['status']} ({run['rounds']} rounds committed)\n")
     if getattr(args, "rounds", None) is not None or max_bytes is not None:
         results = truncate(results, args.rounds, max_bytes)
+    return results
+
+
+def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
+    args = _parser(prog).parse_args(argv)
+    if args.command in ("export", "partition"):                 # file by file, no tables
+        return _export(args) if args.command == "export" else _partition(args)
+    results = _results(args)
+    if results is None:
+        return 2
     by = args.by or varying_keys(results.runs)
     missing = [k for k in by if k not in results.runs.columns]
     if missing:
         sys.stderr.write(f"hpcfl: error: --by {missing} are not config keys of these runs\n")
         return 2
+    select = _selection(args)
     if args.command == "curves":
         try:
             print(curves(results, by, args.out, args.metric, args.x))

@@ -1,7 +1,7 @@
 """The composition root: a job file read, overridden and checked against everything hpcfl knows
 (the registries of algorithms, models, data sets, partitions and loss terms, plug-ins included), before any
 rank trains. hpcfl.config parses and checks each key on its own and imports nothing of hpcfl."""
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from hpcfl.config import JobConfig, apply_overrides, parse_job, read_job_file
@@ -27,24 +27,47 @@ def job_from_dict(raw: dict) -> JobConfig:
     return job
 
 
-def resolved_params(job: JobConfig) -> dict:
-    """Every parameter table as the run uses it, each one's dataclass defaults merged with what the job
-    set, checked: {"algorithm": {"params", "terms"}, "model": {"params"}, "data": {"partition_params"}}
-    in the job file's own form (model params flat for one architecture, a table per architecture for
-    several). A job records only what it wrote, which says nothing of the defaults it ran with (and
-    those may change between versions); the result file records these beside it (root attribute
-    `resolved`), so that the analysis groups and pairs runs by the values they ran with."""
-    from hpcfl.algorithms import algorithm_params
+@dataclass(frozen=True)
+class Resolved:
+    """A job's parameter tables as its run uses them, each its dataclass with the job's values over the
+    defaults: checked once (`check_registries`) and built from by set-up (hpcfl.runtime.build)."""
+    algorithm: object           # the algorithm's Params
+    terms: dict                 # algorithm.terms: name -> the term's Params
+    adapting: dict              # the terms that shape the model (MOON's head): algorithm.terms and a preset's own
+    models: dict                # architecture -> its model options
+    partition: dict             # data.partition_params with the scheme's defaults
+
+
+def resolve(job: JobConfig) -> Resolved:
+    """The job's parameter tables resolved (plug-ins imported), naming a bad key; checked in this order:
+    models, partition, algorithm, terms."""
+    from hpcfl.algorithms import ALGORITHMS, algorithm_params
     from hpcfl.data.partition import check_params
     from hpcfl.models import model_options
     from hpcfl.terms import term_params
 
-    options = model_params(job.model.params, {name: model_options(name) for name in job.architectures})
-    models = {name: asdict(value) for name, value in options.items()}
-    partition = check_params(job.data.partition, job.data.partition_params)          # checked in this order
-    algorithm = asdict(algorithm_params(job.algorithm.name, job.algorithm.params))
-    terms = {name: asdict(term_params(name, raw)) for name, raw in job.algorithm.terms.items()}
-    return {"algorithm": {"params": algorithm, "terms": terms}, "data": {"partition_params": partition},
+    models = model_params(job.model.params, {name: model_options(name) for name in job.architectures})
+    partition = check_params(job.data.partition, job.data.partition_params)
+    algorithm = algorithm_params(job.algorithm.name, job.algorithm.params)
+    terms = {name: term_params(name, raw) for name, raw in job.algorithm.terms.items()}
+    preset = ALGORITHMS[job.algorithm.name].term            # FedProx's prox, from its algorithm.params
+    own = {f.name: getattr(algorithm, f.name) for f in fields(preset.Params)} if preset else {}
+    adapting = {**terms, **({preset.name: preset.Params(**own)} if preset else {})}
+    return Resolved(algorithm, terms, adapting, models, partition)
+
+
+def resolved_params(job: JobConfig) -> dict:
+    """Every parameter table as the run uses it (`resolve`), in the job file's own form: {"algorithm":
+    {"params", "terms"}, "model": {"params"}, "data": {"partition_params"}}, model params flat for one
+    architecture, a table per architecture for several. A job records only what it wrote, which says
+    nothing of the defaults it ran with (and those may change between versions); the result file
+    records these beside it (root attribute `resolved`), so that the analysis groups and pairs runs by
+    the values they ran with."""
+    resolved = resolve(job)
+    models = {name: asdict(value) for name, value in resolved.models.items()}
+    return {"algorithm": {"params": asdict(resolved.algorithm),
+                          "terms": {name: asdict(p) for name, p in resolved.terms.items()}},
+            "data": {"partition_params": resolved.partition},
             "model": {"params": models if len(models) > 1 else next(iter(models.values()))}}
 
 
@@ -62,7 +85,7 @@ def check_registries(job: JobConfig) -> None:
     named += [("model.architectures", name, MODELS) for name in job.model.architectures]
     for key, name, registry in named:
         registry.resolve(name, key)             # a plug-in is imported here, on every rank, before set-up
-    resolved_params(job)
+    resolve(job)
     algorithm = ALGORITHMS[job.algorithm.name]
     algorithm.check(job)
     if job.train.batched_clients != "auto" and job.train.batched_clients:      # asked for: refused if it cannot

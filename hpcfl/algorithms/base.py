@@ -105,6 +105,8 @@ class Algorithm:
     server half (aggregate); docs/how-to/write-your-own-algorithm.md builds one."""
     name: ClassVar[str]
     traits: ClassVar[Traits] = Traits()
+    term: ClassVar[type[Term] | None] = None    # an own local term built from the algorithm's Params (FedProx's
+                                                # prox), which shapes the model as algorithm.terms do
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -119,7 +121,7 @@ class Algorithm:
     def moves_clients(cls, job: JobConfig) -> bool:
         """Whether this job deals each round's sampled clients to any worker: run.placement is not
         'fixed', and the algorithm is stateless, its terms keep no state and BatchNorm is shared."""
-        terms = [*job.algorithm.terms, *([cls.term.name] if getattr(cls, "term", None) else [])]
+        terms = [*job.algorithm.terms, *([cls.term.name] if cls.term else [])]
         return (job.run.placement != "fixed" and cls.traits.stateless and job.model.batchnorm != "local"
                 and not any(TERMS[n].keeps_state for n in terms))
 

@@ -41,21 +41,19 @@ the same run:
             paper leaves open) against the round's global model, over the shared set S built once.
 """
 import copy
-from typing import ClassVar
 
 import torch
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Algorithm, Phase, Traits, assign, weighted, weighted_mean
 from hpcfl.algorithms.initial import InitParams, independent_init, with_init
 from hpcfl.errors import ConfigError
-from hpcfl.terms import ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox, RestrictedSoftmax, Term
+from hpcfl.terms import ContrastiveGuiding, KnowledgeAnchor, Moon, NotTrueDistillation, Prox, RestrictedSoftmax
 
 
 class FedAvg(Algorithm):
     """FedAvg (McMahan et al., AISTATS 2017, Alg. 1): the sample-weighted mean of the cohort's trained models."""
     name = "fedavg"
     traits = Traits(batched=True, stateless=True)
-    term: ClassVar[type[Term] | None] = None      # a preset's own local term, built from Params
     Params = InitParams
 
     def __init__(self, params, setup):

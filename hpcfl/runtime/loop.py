@@ -18,7 +18,6 @@ from hpcfl.runtime.report import (
     CLIENT_COLUMN,
     CLIENT_METRICS,
     client_blocks,
-    forgetting,
     gather_report,
     record,
     split_report,
@@ -45,14 +44,14 @@ class Round:
 def run(job: Job) -> bool:
     """The round loop, identical on every rank. Each round:
     1. its cohort (drawn up front) and the rank each sampled client trains on;
-    2. the algorithm's phases, each run by the step of its kind (STEPS: `_train`, `_swap`, `_match`);
+    2. the algorithm's phases, each run by the step of its kind (`_step`: `_train`, `_swap`, `_match`);
     3. the server's evaluation of the global model (every eval.every rounds);
     4. one reduce of every client's metrics and every rank's figures; the server records them;
     5. the NaN/Inf verdict, a checkpoint when due, a stop when a rank was signalled.
     Returns False if it stopped at a checkpoint (run the job again to resume), True once every
     round is done."""
     cfg, transport = job.config, job.transport
-    evaluation, start_acc, times, began = {}, None, [], time.perf_counter()
+    evaluation, times, began = {}, [], time.perf_counter()
     for number in range(job.start_round, cfg.run.rounds):
         start = time.perf_counter()
         transport.round = number
@@ -63,14 +62,12 @@ def run(job: Job) -> bool:
         this = Round(number, cohort, hosts,
                      sorted(c for c in cohort if hosts[c] == transport.rank) if job.worker else [],
                      np.zeros((cfg.data.num_clients, len(CLIENT_METRICS))), client_blocks(job), transport.stats)
-        if cfg.eval.forgetting and job.server:        # the model this round starts from, tested once
-            tested = evaluation.get("class/test_acc")          # the last round's evaluation, if it had one
-            start_acc = tested if tested is not None else job.server.evaluate()["class_acc"]
+        for extension in job.extensions:                # evaluations a job turns on (eval.forgetting)
+            extension.round_starts(job, evaluation)
         # 2. the phases
         for phase in job.algorithm.plan(number):
             phase_start = time.perf_counter()
-            step = next(STEPS[kind] for kind in type(phase).__mro__ if kind in STEPS)     # a subclass: its parent's
-            step(job, phase, this)
+            _step(phase)(job, phase, this)
             this.phase_s[phase.name] = this.phase_s.get(phase.name, 0.0) + time.perf_counter() - phase_start
         # 3. evaluation
         evaluation = _evaluate(job, number)
@@ -79,8 +76,8 @@ def run(job: Job) -> bool:
         # 4. the report
         report = gather_report(job, this.rows, this.blocks, this.hosted, transport.take_stats())
         if job.server:
-            if start_acc is not None:
-                evaluation.update(forgetting(job, cohort, report, start_acc))
+            for extension in job.extensions:
+                evaluation.update(extension.report(job, cohort, report))
             round_s = time.perf_counter() - start
             times.append(round_s)
             progress = (f"elapsed {duration(time.perf_counter() - began)}  "
@@ -150,7 +147,12 @@ def _match(job: Job, phase: MatchPhase, this: Round) -> None:
            {c: torch.from_numpy(np.asarray(r)).to(device) for c, r in mine.items()})
 
 
-STEPS = {Phase: _train, SwapPhase: _swap, MatchPhase: _match}      # each kind of phase (hpcfl.algorithms.phases)
+def _step(phase):
+    """The step that runs a phase: a MatchPhase (a Phase that gathers first) `_match`, a SwapPhase `_swap`,
+    any other Phase `_train`."""
+    if isinstance(phase, MatchPhase):
+        return _match
+    return _swap if isinstance(phase, SwapPhase) else _train
 
 
 def _nonfinite(job: Job, round: int, cohort: list[int], report: np.ndarray) -> list[int]:

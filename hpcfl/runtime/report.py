@@ -21,17 +21,15 @@ RANK_METRICS = ("compute_s", "wait_s", "wire_sent_bytes", "wire_received_bytes",
                 "max_rss_bytes")
 
 
-FORGETTING_XI = 1e-3            # xi of FedKA eq. (1), which keeps a class the global model never gets finite
-
-
 def client_blocks(job) -> dict[str, np.ndarray]:
     """This round's per-client blocks beside the metric rows, zero-filled, each filled by the rank that
-    trains the client: `class_acc` (client x class accuracies of the trained model, eval.forgetting) and
-    `local_test_correct` (client x its own test examples' correctness, padded to the largest set; with
-    data.local_test_ratio), so that personalised accuracy can be analysed example by example."""
-    n, blocks = job.config.data.num_clients, {}
-    if job.config.eval.forgetting:
-        blocks["class_acc"] = np.zeros((n, job.num_classes))
+    trains the client: those the job's evaluation extensions ask for (eval.forgetting's `class_acc`,
+    client x class accuracies of the trained model) and `local_test_correct` (client x its own test
+    examples' correctness, padded to the largest set; with data.local_test_ratio), so that personalised
+    accuracy can be analysed example by example."""
+    n = job.config.data.num_clients
+    blocks = {name: np.zeros((n, width))
+              for extension in job.extensions for name, width in extension.blocks(job).items()}
     if job.local_test_sizes is not None:
         blocks["local_test_correct"] = np.zeros((n, int(job.local_test_sizes.max(initial=0))))
     return blocks
@@ -49,19 +47,6 @@ def split_report(job, flat: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarra
     for name, w in widths.items():
         blocks[name], at = clients[:, at:at + w], at + w
     return clients[:, :len(CLIENT_METRICS)], blocks, ranks
-
-
-def forgetting(job, cohort: list[int], flat: np.ndarray, start_acc: np.ndarray) -> dict:
-    """FedKA eq. (1) per sampled client and class: (acc_global - acc_local) / (acc_global + xi), with
-    acc_global the class accuracy of the model the round started from. A client whose update was
-    non-finite (CLIENT_METRICS 'nonfinite') had no model tested: NaN, not the ~1 its zero row would give."""
-    rows, blocks, _ = split_report(job, flat)
-    classes = blocks["class_acc"]
-    tested = [c for c in cohort if not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]     # 1 or NaN (not set)
-    local = np.full((job.config.data.num_clients, job.num_classes), np.nan)
-    local[tested] = classes[tested]
-    return {"class/start_acc": start_acc, "client_class/test_acc": local,
-            "client_class/forgetting": (start_acc - local) / (start_acc + FORGETTING_XI)}
 
 
 def gather_report(job, rows: np.ndarray, blocks: dict[str, np.ndarray], hosted: list[int],

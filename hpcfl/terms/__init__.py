@@ -68,9 +68,9 @@ def build_terms(tables: Mapping[str, Mapping], seed: int = 0) -> list[Term]:
     return terms
 
 
-def adapt_model(model: nn.Module, tables: Mapping[str, Mapping], seed: int) -> nn.Module:
-    """`model` with what the named terms ({name: config table}) add to it at build time (MOON's
-    projection head), the same on every rank."""
-    for name, raw in tables.items():
-        TERMS[name].adapt(model, term_params(name, raw), seed)
+def adapt_model(model: nn.Module, terms: Mapping[str, Term.Params], seed: int) -> nn.Module:
+    """`model` with what the named terms ({name: its Params}, hpcfl.jobs.resolve's `adapting`) add to
+    it at build time (MOON's projection head), the same on every rank."""
+    for name, params in terms.items():
+        TERMS[name].adapt(model, params, seed)
     return model

@@ -15,7 +15,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
-from hpcfl.runtime.report import FORGETTING_XI
+from hpcfl.runtime.forgetting import XI as FORGETTING_XI
 from hpcfl.terms import KnowledgeAnchor
 
 COUNTS = np.array([50, 3, 0, 0, 47])            # gamma 0.1: dominant {0, 4}, non-dominant {1}, missing {2, 3}

@@ -16,7 +16,7 @@ from hpcfl.models.evaluation import evaluate
 from hpcfl.models.vision import ResNetOptions
 from hpcfl.params import model_params
 from hpcfl.runtime.build import build_models
-from hpcfl.terms import adapt_model
+from hpcfl.terms import adapt_model, term_params
 from hpcfl.training import LocalTrainer
 
 torch.set_num_threads(1)
@@ -303,7 +303,7 @@ def test_preactivation_moves_the_last_relu_into_the_classifier(name, options):
 def test_moon_head_refuses_a_preactivation_classifier():
     model = build_model("fmnist_cnn", (1, 8, 8), 10, HeadOptions(preactivation=True))
     with pytest.raises(ConfigError, match="ReluLinear"):
-        adapt_model(model, {"moon": {}}, seed=0)
+        adapt_model(model, {"moon": term_params("moon", {})}, seed=0)
 
 
 def test_resnet_options_change_the_counts_by_hand():
