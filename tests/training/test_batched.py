@@ -275,3 +275,47 @@ def test_a_groups_tensors_keep_their_storage_from_step_to_step(setting, monkeypa
     BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start, [term]))
     assert {m for m, _ in seen} == {3, 2, 1}                # the whole group, then fewer as clients run out
     assert [c for _, c in seen] == sorted(c for _, c in seen) and seen[-1][1] == 2 * -(-SIZES[2] // 16)
+
+
+def test_cuda_graphs_warm_up_twice_capture_on_the_third_call_and_replay_with_the_rows_copied_in(monkeypatch):
+    """_Graphs' protocol, with torch.cuda's graph API stood in for (CPU): a kind of step runs eagerly twice,
+    is captured on its third call (on a copy of its rows, which later calls overwrite) and replayed from
+    then on; kinds are captured apart, all in one memory pool. The capture itself needs a GPU."""
+    from hpcfl.training import batched
+
+    events = []
+
+    class Graph:
+        def replay(self):
+            events.append(("replay", self))
+
+        def pool(self):
+            return "pool"
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        events.append(("capture", g, pool))
+        yield
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    graphs, updated = batched._Graphs(), []
+    for call in range(5):
+        for kind in ("all", "some"):
+            rows = torch.full((2, 3), 10 * call + (kind == "some"))
+            graphs.run(kind, rows, lambda r, kind=kind, rows=rows: updated.append((kind, r.clone(), r is rows)))
+    assert [(k, int(r[0, 0]), same) for k, r, same in updated] == [
+        ("all", 0, True), ("some", 1, True), ("all", 10, True), ("some", 11, True),
+        ("all", 20, False), ("some", 21, False)]                     # the third: on the captured copy
+    captures = [e for e in events if e[0] == "capture"]
+    assert [pool for _, _, pool in captures] == [None, "pool"]       # the second kind shares the first's pool
+    assert [e[0] for e in events].count("replay") == 2 + 2 * 2        # right after capture, then every call
+    for kind, (_, static) in graphs.captured.items():
+        assert int(static[0, 0]) == 40 + (kind == "some")            # the last call's rows, copied in
