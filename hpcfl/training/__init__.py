@@ -76,10 +76,10 @@ class LocalTrainer:
         opt = self.optimizer(model.parameters())
         total = torch.zeros((), device=client.y.device)
         batches = self.plan(model, client, round, client.y.device, epochs)
-        augment = self.augmenter(client, round, terms, epochs)
+        augment, precision = self.augmenter(client, round, terms, epochs), self.autocast(client.y.device)
         for idx in batches:
             y = client.y.index_select(0, idx)
-            with self.autocast(y.device):
+            with precision:
                 loss = batch_loss(model, terms, *self.views(client.inputs(idx), augment, terms), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
