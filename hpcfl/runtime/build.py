@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.algorithms.anchored import wrap
-from hpcfl.algorithms.base import Client, Setup
+from hpcfl.algorithms.anchored import WithAnchors, wrap
+from hpcfl.algorithms.base import Algorithm, Client, Setup
 from hpcfl.config import JobConfig
 from hpcfl.data.base import Dataset, resolve_data_root, take
 from hpcfl.data.datasets import load_dataset
@@ -59,7 +59,7 @@ class SetupFailed(HpcflError):
 class Job:
     config: JobConfig
     transport: Transport
-    algorithm: object
+    algorithm: Algorithm | WithAnchors    # the algorithm, or it inside FedFM's anchor phase (anchored.wrap)
     worker: Worker | None
     server: Server | None
     recorder: Recorder | None
