@@ -14,7 +14,7 @@ from hpcfl.algorithms.anchors import ANCHORS
 from hpcfl.algorithms.base import ONE, WEIGHT, Client, Setup
 from hpcfl.config import TrainConfig
 from hpcfl.errors import ConfigError, HpcflError
-from hpcfl.jobs import job_from_dict
+from hpcfl.jobs import job_from_dict, resolve
 from hpcfl.runtime.build import build_models
 from hpcfl.terms import (
     TERMS,
@@ -506,10 +506,10 @@ def test_ntd_at_the_defaults_on_a_batch_of_two():
 def test_terms_are_configured_by_list_or_table():
     listed = job_from_dict({"algorithm": {"terms": ["prox", "moon"]}})
     assert listed.algorithm.terms == {"prox": {}, "moon": {}}
-    terms = build_terms(listed.algorithm.terms)
+    terms = build_terms(resolve(listed).terms)
     assert [t.name for t in terms] == ["prox", "moon"] and terms[0].params.mu == Prox.Params().mu
     table = job_from_dict({"algorithm": {"terms": {"prox": {"mu": 0.1}, "ntd": {"beta": 0.3}}}})
-    terms = build_terms(table.algorithm.terms)
+    terms = build_terms(resolve(table).terms)
     assert [(t.name, t.params) for t in terms] == [("prox", Prox.Params(mu=0.1)),
                                                    ("ntd", NotTrueDistillation.Params(beta=0.3))]
     assert set(TERMS) == {"prox", "moon", "fedrs", "ntd", "fm_cg", "fm_l2", "supcon", "ka"}

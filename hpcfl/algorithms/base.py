@@ -44,7 +44,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.models.evaluation import evaluate
 from hpcfl.payload import Layout
-from hpcfl.terms import TERMS, Term, build_terms, matching_terms
+from hpcfl.terms import TERMS, Term, build_terms, matching_terms, term_params
 
 Tensors = dict[str, torch.Tensor]
 Contribution = tuple[Mapping[str, torch.Tensor], float]
@@ -66,15 +66,19 @@ class Setup:
     test_size: int = 0                    # samples in the global test set
     feature_dim: int = 0                  # width of features(x)
     template: nn.Module | None = field(default=None, repr=False)   # the model, freshly initialised
+    terms: Mapping[str, Any] = field(default_factory=dict)         # algorithm.terms: name -> the term's Params
 
     @classmethod
-    def of(cls, job: JobConfig, model: nn.Module, class_counts: np.ndarray, test_size: int = 0) -> "Setup":
+    def of(cls, job: JobConfig, model: nn.Module, class_counts: np.ndarray, test_size: int = 0,
+           terms: Mapping[str, Any] | None = None) -> "Setup":
+        """`terms`: the job's terms resolved (hpcfl.jobs.resolve, as set-up has them), else read here."""
+        terms = terms if terms is not None else {n: term_params(n, raw) for n, raw in job.algorithm.terms.items()}
         norms = tuple(f"{m}.{t}" if m else t for m, module in model.named_modules()
                       if isinstance(module, nn.modules.batchnorm._BatchNorm)
                       for t, _ in module.state_dict().items())
         return cls(job, Layout.of(model.state_dict()), class_counts.shape[0], class_counts.shape[1], class_counts,
                    tuple(n for n, _ in model.named_parameters()), norms, test_size,
-                   getattr(getattr(model, "classifier", None), "in_features", 0), model)
+                   getattr(getattr(model, "classifier", None), "in_features", 0), model, dict(terms))
 
     @property
     def parameter_layout(self) -> Layout:
@@ -131,7 +135,7 @@ class Algorithm:
 
     def __init__(self, params: "Algorithm.Params", setup: Setup):
         self.params, self.setup = params, setup
-        self.terms: list[Term] = build_terms(setup.job.algorithm.terms, setup.job.run.seed)
+        self.terms: list[Term] = build_terms(setup.terms, setup.job.run.seed)
 
     @classmethod
     def check(cls, job: JobConfig) -> None:

@@ -154,7 +154,7 @@ def _build(config: JobConfig, transport: Transport, data_root, local_rank, info)
     # 3. models and algorithm
     models = build_models(config, split.data.input_shape, split.data.num_classes, device, resolved)
     model = models[config.architectures[0]]       # the server's (the global model's architecture)
-    setup_ = Setup.of(config, model, split.counts, test_size=int(split.data.test_y.shape[0]))
+    setup_ = Setup.of(config, model, split.counts, test_size=int(split.data.test_y.shape[0]), terms=resolved.terms)
     algorithm = wrap(ALGORITHMS[config.algorithm.name](resolved.algorithm, setup_))
     two_views = [t.name for t in algorithm.terms if t.views == 2]
     if two_views and split.data.mean is None:

@@ -61,8 +61,9 @@ def term_params(name: str, raw: Mapping) -> Term.Params:
                        f"algorithm.terms.{name}")
 
 
-def build_terms(tables: Mapping[str, Mapping], seed: int = 0) -> list[Term]:
-    terms = [TERMS[name](term_params(name, raw)) for name, raw in tables.items()]
+def build_terms(params: Mapping[str, Term.Params], seed: int = 0) -> list[Term]:
+    """The job's terms from their resolved Params ({name: Params}: hpcfl.jobs.resolve's `terms`)."""
+    terms = [TERMS[name](p) for name, p in params.items()]
     for term in terms:
         term.seed = seed
     return terms
