@@ -40,6 +40,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.terms import TERMS, Term
 from hpcfl.training import batch_loss
+from hpcfl.training.graphs import StepGraphs
 from hpcfl.training.recording import FrozenState, Request, as_trainer, key
 
 LOG = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ class _Group:
         self.totals = torch.zeros(len(self.clients), device=self.device)
         # the step number, in float64 as torch.optim.Adam's bias corrections are; the members' indices
         self.count, self.indices = torch.zeros((), dtype=torch.float64, device=self.device), {}
-        self.graphs = _Graphs() if trainer.cfg.cuda_graphs and self.device.type == "cuda" else None
+        self.graphs = StepGraphs() if trainer.cfg.cuda_graphs and self.device.type == "cuda" else None
         self.steps = max(map(len, self.plans))
         self.model.train()
 
@@ -366,39 +367,6 @@ class _Group:
                      for ctx in self.own],
                     self.trainer.cfg)
                 for i, c in enumerate(self.clients)}
-
-
-class _Graphs:
-    """A group's steps as CUDA graphs (train.cuda_graphs, on a GPU): each kind of step (its members and
-    batch length) runs eagerly on a side stream twice (the warm-up CUDA graphs need), is captured on its
-    third call and replayed from then on with its batch's rows copied in. Replaying is exact because a
-    step writes every tensor of the group in place and reads the step number from the device. The
-    graphs share one memory pool (they run one after another, and each writes its results into the
-    group's tensors). Exercised on a GPU only: bench/gpu.sh compares it with the eager path."""
-    WARMUP = 2
-
-    def __init__(self):
-        self.calls, self.captured, self.pool, self.side = defaultdict(int), {}, None, torch.cuda.Stream()
-
-    def run(self, kind: tuple, rows: torch.Tensor, update) -> None:
-        if kind in self.captured:
-            graph, static = self.captured[kind]
-            static.copy_(rows)
-            graph.replay()
-            return
-        self.calls[kind] += 1
-        if self.calls[kind] <= self.WARMUP:
-            self.side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.side):
-                update(rows)
-            torch.cuda.current_stream().wait_stream(self.side)
-            return
-        graph, static = torch.cuda.CUDAGraph(), rows.clone()
-        with torch.cuda.graph(graph, pool=self.pool):
-            update(static)
-        self.pool = self.pool or graph.pool()
-        self.captured[kind] = graph, static
-        graph.replay()
 
 
 def _row(tree, i: int):

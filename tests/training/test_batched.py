@@ -278,10 +278,10 @@ def test_a_groups_tensors_keep_their_storage_from_step_to_step(setting, monkeypa
 
 
 def test_cuda_graphs_warm_up_twice_capture_on_the_third_call_and_replay_with_the_rows_copied_in(monkeypatch):
-    """_Graphs' protocol, with torch.cuda's graph API stood in for (CPU): a kind of step runs eagerly twice,
+    """StepGraphs' protocol, with torch.cuda's graph API stood in for (CPU): a kind of step runs eagerly twice,
     is captured on its third call (on a copy of its rows, which later calls overwrite) and replayed from
     then on; kinds are captured apart, all in one memory pool. The capture itself needs a GPU."""
-    from hpcfl.training import batched
+    from hpcfl.training.graphs import StepGraphs
 
     events = []
 
@@ -306,7 +306,7 @@ def test_cuda_graphs_warm_up_twice_capture_on_the_third_call_and_replay_with_the
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "current_stream", Stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    graphs, updated = batched._Graphs(), []
+    graphs, updated = StepGraphs(), []
     for call in range(5):
         for kind in ("all", "some"):
             rows = torch.full((2, 3), 10 * call + (kind == "some"))
