@@ -92,6 +92,14 @@ def test_clients_trained_together_give_the_one_process_metrics_on_all_ranks(algo
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedcme", "moon"])
+def test_bf16_training_gives_the_one_process_metrics_on_all_ranks(algorithm, tmp_path):
+    """train.precision = "bf16": each client's update is computed alike on every rank (its forward pass
+    under autocast), so the metrics must not depend on the ranks."""
+    _compare_with_one_process(algorithm, tmp_path, "train.precision='bf16'")
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedcme", "fedclassavg", "fedfm", "fedfm_lite", "fedka", "fedproto"])
 def test_clients_holding_uint8_pixels_give_the_same_metrics_on_all_ranks(algorithm, tmp_path):
     """An image set's CPU clients hold uint8 pixels and normalise each batch (Client.inputs); the
