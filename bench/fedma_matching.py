@@ -52,7 +52,7 @@ def match_once(template, states: list[dict]) -> tuple[dict, dict]:
     clients = []
     for cid, state in enumerate(states):
         clients.append(Client(cid, torch.zeros(0), torch.zeros(0, dtype=torch.long), np.ones(CLASSES)))
-        clients[-1].state = {f"model.{k}": v for k, v in state.items()}
+        clients[-1].state = {"model": dict(state)}
     server_state = algorithm.init_server_state(template)
     for phase in algorithm.plan(0)[1:]:
         gathered = {c.id: algorithm.gather_out(phase, 0, c).double() for c in clients}

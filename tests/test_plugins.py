@@ -203,7 +203,7 @@ def test_client_memory_adds_beta_times_the_clients_previous_update(tiny_job, sou
         sent.append(float(tensors["weight"]))
         assert weight == 4.0
     assert sent == [1.0, 6.5, 3.5]          # trained = start + 1; from round 1 on plus 0.5 x the last update (1)
-    assert float(client.state["update.weight"]) == 1.0
+    assert float(client.state["update"]["weight"]) == 1.0
 
 
 def test_every_public_name_resolves_to_what_its_module_defines():

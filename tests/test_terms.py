@@ -402,7 +402,7 @@ def test_moon_head_is_averaged_with_the_model():
                                               WEIGHT: ONE}, weight)
     algo.aggregate(phase, 0, state, {"model": phase.uplink["model"].unpack(sums)})
     for name in ("classifier.head.0.weight", "classifier.head.2.bias", "classifier.out.weight"):
-        assert torch.allclose(state[f"model.{name}"], torch.full_like(state[f"model.{name}"], (1 + 4 * 3) / 4))
+        assert torch.allclose(state["model"][name], torch.full_like(state["model"][name], (1 + 4 * 3) / 4))
 
 
 def test_moon_needs_a_linear_classifier_for_its_head():

@@ -12,7 +12,7 @@ cannot use them (no global model) is not wrapped: `wrap` asks its `traits.anchor
 """
 import dataclasses
 
-from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
+from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, local_anchors, update_anchors, with_anchors
 from hpcfl.algorithms.base import Algorithm, Phase
 
 
@@ -35,7 +35,6 @@ class WithAnchors:
         self.down, self.up = anchor_layouts(setup.num_classes, setup.feature_dim)
         self.opening = Phase(ANCHORS, downlink={"model": setup.model_layout, ANCHORS: self.down},
                              uplink={ANCHORS: self.up})
-        self.carried: dict = {}          # a worker's model received in this round's anchor phase
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -55,27 +54,25 @@ class WithAnchors:
 
     def downlink(self, phase, round, server_state):
         if phase.name == ANCHORS:
-            return {"model": self.inner.global_state(server_state), ANCHORS: anchor_state(server_state)}
+            return {"model": self.inner.global_state(server_state), ANCHORS: server_state[ANCHORS]}
         payloads = self.inner.downlink(phase, round, server_state) if phase.downlink.keys() - {ANCHORS} else {}
         if ANCHORS in phase.downlink:
-            payloads[ANCHORS] = anchor_state(server_state)
+            payloads[ANCHORS] = server_state[ANCHORS]
         return payloads
 
     def aggregate(self, phase, round, server_state, uplink):
         if phase.name == ANCHORS:
-            update_anchors(anchor_state(server_state), uplink[ANCHORS])
+            update_anchors(server_state[ANCHORS], uplink[ANCHORS])
         else:
             self.inner.aggregate(phase, round, server_state, uplink)
 
     def receive(self, phase, round, downlink):
-        if phase.name == ANCHORS:
-            self.carried = downlink
-        else:
+        if phase.name != ANCHORS:
             self.inner.receive(phase, round, downlink)
 
     def client_update(self, phase, round, client, downlink, model, trainer):
-        if phase.name != ANCHORS:
-            return self.inner.client_update(phase, round, client, {**self.carried, **downlink}, model, trainer)
+        if phase.name != ANCHORS:          # `downlink` holds the anchor phase's model too (the round's broadcasts)
+            return self.inner.client_update(phase, round, client, downlink, model, trainer)
         self.inner.start_from(model, client, downlink["model"])
         sums = local_anchors(model, client.inputs(), client.y, self.inner.setup.job.eval.batch_size,
                              self.term.params.anchor_weighting, downlink[ANCHORS])

@@ -60,11 +60,6 @@ def update_anchors(current: dict[str, torch.Tensor], reduced: dict[str, torch.Te
     current["known"][seen] = 1.0
 
 
-def anchor_state(server_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The global anchors kept in a server state under "anchors.*" (views: updating them updates it)."""
-    return {k: server_state[f"{ANCHORS}.{k}"] for k in ("anchors", "known")}
-
-
-def with_anchors(server_state: dict[str, torch.Tensor], num_classes: int, dim: int) -> dict[str, torch.Tensor]:
-    """`server_state` plus fresh global anchors (none known yet) under "anchors.*"."""
-    return {**server_state, **{f"{ANCHORS}.{k}": v for k, v in initial_anchors(num_classes, dim).items()}}
+def with_anchors(server_state: dict[str, dict], num_classes: int, dim: int) -> dict[str, dict]:
+    """`server_state` plus fresh global anchors (none known yet), owned by ANCHORS."""
+    return {**server_state, ANCHORS: initial_anchors(num_classes, dim)}

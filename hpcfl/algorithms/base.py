@@ -10,8 +10,16 @@ An algorithm is one class holding both halves of a federated method:
   algorithm's own local terms; per-client state (`Client.state`) stays on the client's worker and
   on the CPU between rounds.
 
+Server and client states are `State`s: tensors grouped by a declared owner, {owner: {name: tensor}}
+("model" the model's state_dict, "control" SCAFFOLD's variates, "bn" a client's own BatchNorm
+layers), as loss terms keep theirs under their names: a key's owner is a fact, never a prefix.
+
 A round may also hold a swap phase (tensors go client to client) or a matching phase (a server-side
 matching opens it); their hooks come with the `Swapping` and `Matching` mix-ins (hpcfl.algorithms.phases).
+
+A phase's clients get what the round has broadcast so far (FedCME's second half trains with the
+model and features of its first; FedFM's anchor phase sends the model the algorithm's phases use):
+the runtime keeps a round's broadcasts, the algorithm keeps nothing of the round.
 
 Every hook's `round` is 0-based: the first round is round 0 (`plan(0)`), the last `run.rounds - 1`.
 
@@ -40,13 +48,14 @@ from torch import nn
 from hpcfl.algorithms.phases import Phase
 from hpcfl.config import JobConfig
 from hpcfl.data.client import Client  # noqa: F401 - re-exported: plug-ins import it from here
-from hpcfl.errors import ConfigError
+from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.models import load_state
 from hpcfl.models.evaluation import evaluate
 from hpcfl.payload import Layout
 from hpcfl.terms import TERMS, Term, build_terms, matching_terms, term_params
 
 Tensors = dict[str, torch.Tensor]
+State = dict[str, Tensors]    # owner -> its tensors by name
 Contribution = tuple[Mapping[str, torch.Tensor], float]
 ONE = torch.ones(())          # the scalar whose weighted sum is the normaliser...
 WEIGHT = "#weight"            # ...under a name no torch module can give a parameter
@@ -156,34 +165,36 @@ class Algorithm:
 
     def receive(self, phase: Phase, round: int, downlink: dict[str, Tensors]) -> None:
         """Every worker rank, once per phase, whether or not it hosts a sampled client (what the
-        phase broadcast; FedMA's matched layer, FedFM-Lite's latest model)."""
+        round has broadcast so far, as client_update gets it; FedMA's matched layer, FedFM-Lite's
+        latest model)."""
 
     # -- server side (rank 0) -------------------------------------------------------------------
-    def init_server_state(self, model: nn.Module) -> Tensors:
+    def init_server_state(self, model: nn.Module) -> State:
         """The server's state before round 0, made once on rank 0: the freshly initialised `model`'s
-        state_dict copied under `model.<name>`, where `global_state` finds it. Override to add the server's own
-        tensors (SCAFFOLD's control variate, FedOpt's moments); they are checkpointed with it."""
-        return {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+        state_dict copied under the owner "model", where `global_state` finds it. Override to add the
+        server's own tensors under owners of their own (SCAFFOLD's "control", FedOpt's "moment1");
+        they are checkpointed with it."""
+        return {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
     def plan(self, round: int) -> list[Phase]:
         raise NotImplementedError
 
-    def downlink(self, phase: Phase, round: int, server_state: Tensors) -> dict[str, Tensors]:
+    def downlink(self, phase: Phase, round: int, server_state: State) -> dict[str, Tensors]:
         raise NotImplementedError
 
-    def aggregate(self, phase: Phase, round: int, server_state: Tensors, uplink: dict[str, Tensors]) -> None:
+    def aggregate(self, phase: Phase, round: int, server_state: State, uplink: dict[str, Tensors]) -> None:
         raise NotImplementedError
 
-    def global_state(self, server_state: Tensors) -> Tensors:
+    def global_state(self, server_state: State) -> Tensors:
         """The global model's state_dict."""
-        return {k[len("model."):]: v for k, v in server_state.items() if k.startswith("model.")}
+        return server_state["model"]
 
-    def global_module(self, server_state: Tensors, model: nn.Module) -> nn.Module:
+    def global_module(self, server_state: State, model: nn.Module) -> nn.Module:
         """The global model as a module (`model` loaded with it, unless its shape changes, as FedMA's)."""
         load_state(model, self.global_state(server_state))
         return model
 
-    def evaluate(self, server_state: Tensors, model: nn.Module, x, y, batch_size: int) -> dict | None:
+    def evaluate(self, server_state: State, model: nn.Module, x, y, batch_size: int) -> dict | None:
         """The server's model on the global test set (None for an algorithm without one)."""
         return evaluate(self.global_module(server_state, model), x, y, self.setup.num_classes, batch_size)
 
@@ -195,7 +206,7 @@ class Algorithm:
     def load_carried_state(self, state: Tensors) -> None:
         """Take back `carried_state()` from a checkpoint."""
 
-    def server_metrics(self, server_state: Tensors) -> dict[str, float]:
+    def server_metrics(self, server_state: State) -> dict[str, float]:
         """Extra per-round figures of the server's state, recorded as round/<key>."""
         return {}
 
@@ -205,19 +216,21 @@ class Algorithm:
         (FedMA: a copy it may resize)."""
         return model
 
-    def init_client_state(self, client: Client, initial_model: nn.Module) -> Tensors:
-        """The client's state before round 0; `initial_model` is the freshly initialised model."""
+    def init_client_state(self, client: Client, initial_model: nn.Module) -> State:
+        """The client's state before round 0 ({owner: {name: tensor}}); `initial_model` is the freshly
+        initialised model."""
         return {}
 
     def client_update(self, phase: Phase, round: int, client: Client, downlink: dict[str, Tensors],
                       model: nn.Module, trainer: Any) -> tuple[dict[str, Contribution], dict[str, float]]:
-        """Returns the uplink contributions by payload name and the client's metrics for the round."""
+        """Returns the uplink contributions by payload name and the client's metrics for the round.
+        `downlink`: what the round has broadcast so far, by payload (a phase's own replace earlier
+        ones of the same name), so a phase without a downlink works with the round's model."""
         raise NotImplementedError
 
     def start_from(self, model: nn.Module, client: Client, state: Mapping[str, torch.Tensor]) -> None:
         """Load a received model; with model.batchnorm = "local" the client keeps its own BN layers."""
-        own = {k[len("bn."):]: v for k, v in client.state.items() if k.startswith("bn.")}
-        load_state(model, {**state, **own})
+        load_state(model, {**state, **client.state.get("bn", {})})
 
     def train(self, model: nn.Module, client: Client, round: int, trainer, received: Mapping[str, Tensors],
               extra: tuple[Term, ...] = (), epochs: range | None = None) -> dict[str, float]:
@@ -231,8 +244,8 @@ class Algorithm:
         for term in terms:
             term.finish(model, client)
         if self.setup.job.model.batchnorm == "local":
-            client.state.update({f"bn.{k}": v.detach().clone() for k, v in model.state_dict().items()
-                                 if k in self.setup.norm_names})
+            client.state["bn"] = {k: v.detach().clone() for k, v in model.state_dict().items()
+                                  if k in self.setup.norm_names}
         return metrics
 
 
@@ -251,9 +264,19 @@ def weighted_mean(sums: Mapping[str, torch.Tensor]) -> Tensors | None:
     return {name: value.div_(total) for name, value in sums.items() if name != WEIGHT}
 
 
-def assign(server_state: Tensors, prefix: str, values: Mapping[str, torch.Tensor]) -> None:
-    """server_state[prefix + name] <- value, rounding for integer buffers (BatchNorm's step counter)."""
+def owned(state: State, hook: str) -> State:
+    """`state` as it is, if it groups its tensors by owner; else the error that names the fix (a plug-in
+    written for flat names)."""
+    loose = [owner for owner, tensors in state.items() if not isinstance(tensors, Mapping)]
+    if loose:
+        raise HpcflError(f"{hook} returned {loose[:3]} as tensors of their own: a state groups its tensors by "
+                         "owner, {'model': {name: tensor}, 'control': {...}} (hpcfl.algorithms.base.State)")
+    return state
+
+
+def assign(tensors: Tensors, values: Mapping[str, torch.Tensor]) -> None:
+    """tensors[name] <- value in place, rounding for integer buffers (BatchNorm's step counter)."""
     for name, value in values.items():
-        target = server_state[prefix + name]
+        target = tensors[name]
         target.copy_(value if target.is_floating_point() else torch.round(value))    # copy_ converts, no temporary
 

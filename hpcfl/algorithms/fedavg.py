@@ -93,17 +93,17 @@ class FedAvg(Algorithm):
         if mean is None:                  # nobody trained: keep the model
             return
         params = set(self.setup.parameter_names)
-        assign(server_state, "model.", {n: mean[n] for n in self.setup.model_layout.names if n not in params})
+        assign(server_state["model"], {n: mean[n] for n in self.setup.model_layout.names if n not in params})
         self.update_parameters(server_state, mean, uplink)
 
     def update_parameters(self, server_state, mean, uplink) -> None:
         """The trained parameters from the cohort's mean `mean` (buffers such as BatchNorm statistics
         have taken the mean already): FedAvg takes it as is; subclasses apply their server rule."""
-        assign(server_state, "model.", {n: mean[n] for n in self.setup.parameter_names})
+        assign(server_state["model"], {n: mean[n] for n in self.setup.parameter_names})
 
-    def with_zeros(self, state, prefix: str):
-        """`state` plus a zero tensor `<prefix>.<name>` per trained parameter (server-side variables)."""
-        return {**state, **{f"{prefix}.{n}": torch.zeros_like(state[f"model.{n}"]) for n in self.setup.parameter_names}}
+    def with_zeros(self, state, owner: str):
+        """`state` plus `owner`'s zero tensor per trained parameter (a server-side variable)."""
+        return {**state, owner: {n: torch.zeros_like(state["model"][n]) for n in self.setup.parameter_names}}
 
 
 class FedProx(FedAvg):

@@ -44,6 +44,6 @@ class FedAvgM(FedAvg):
 
     def update_parameters(self, server_state, mean, uplink):
         for name in self.setup.parameter_names:
-            weights, velocity = server_state[f"model.{name}"], server_state[f"momentum.{name}"]
+            weights, velocity = server_state["model"][name], server_state["momentum"][name]
             velocity.mul_(self.params.server_momentum).add_(weights - mean[name])
             weights.sub_(self.server_lr * velocity)

@@ -37,7 +37,7 @@ import copy
 from dataclasses import dataclass
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted, weighted_mean
-from hpcfl.algorithms.personal import OWN, Personal
+from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
 from hpcfl.seeding import torch_seed
 from hpcfl.terms import Prox, SupCon
@@ -95,13 +95,13 @@ class FedClassAvg(Personal):
 
     def init_server_state(self, model):
         state = model.state_dict()
-        return {f"model.{n}": state[n].detach().clone() for n in self.shared.names}
+        return {"model": {n: state[n].detach().clone() for n in self.shared.names}}
 
     def downlink(self, phase, round, server_state):
-        return {SHARED: {n: server_state[f"model.{n}"] for n in self.shared.names}}
+        return {SHARED: server_state["model"]}
 
     def client_update(self, phase, round, client, downlink, model, trainer):
-        if self.params.warmup_epochs and not any(k.startswith(OWN) for k in client.state):
+        if self.params.warmup_epochs and "model" not in client.state:
             self.warm_up(model, client, trainer)
         start = self.start_own(model, client, downlink[SHARED])
         metrics = self.train(model, client, round, trainer, {"model": start})
@@ -122,4 +122,4 @@ class FedClassAvg(Personal):
     def aggregate(self, phase, round, server_state, uplink):
         mean = weighted_mean(uplink[SHARED])
         if mean is not None:
-            assign(server_state, "model.", mean)
+            assign(server_state["model"], mean)

@@ -43,7 +43,6 @@ from hpcfl.seeding import cohort_schedule, numpy_rng
 from hpcfl.terms import Term, matching_terms
 
 FEATURES, PARTNERS, EVALUATION = "features", "partners", "evaluation"
-OWN = "cme."              # a client's mid-round model and first-half loss, in its state during the round
 SWAPPED = {"classifier": lambda n: n.startswith("classifier."), "features": lambda n: not n.startswith("classifier."),
            "model": lambda n: True}
 
@@ -145,8 +144,6 @@ class FedCME(Swapping, FedAvg):
                                                     PARTNERS: Layout(("source",), ((k,),))}),
                            SwapPhase("swap", exchange=setup.model_layout.select(SWAPPED[params.exchange])),
                            Phase("second", uplink=uplink)]
-        self.sources: dict[int, int] = {}
-        self.received: dict = {}
 
     def plan(self, round):
         return self.rounds
@@ -154,75 +151,62 @@ class FedCME(Swapping, FedAvg):
     # -- server ------------------------------------------------------------------------------------
     def init_server_state(self, model):
         k, c = self.setup.num_clients, self.setup.num_classes
-        state = super().init_server_state(model)
-        state.update({f"{FEATURES}.{n}": t for n, t in initial_anchors(c, self.setup.feature_dim).items()})
-        state[f"{EVALUATION}.vectors"] = torch.ones(k, c)             # never evaluated: no information
-        return state
-
-    def features_state(self, server_state):
-        return {n: server_state[f"{FEATURES}.{n}"] for n in ("anchors", "known")}
+        return {**super().init_server_state(model), FEATURES: initial_anchors(c, self.setup.feature_dim),
+                EVALUATION: {"vectors": torch.ones(k, c)}}            # never evaluated: no information
 
     def downlink(self, phase, round, server_state):
-        payloads = {"model": self.global_state(server_state), FEATURES: self.features_state(server_state)}
+        payloads = {"model": self.global_state(server_state), FEATURES: server_state[FEATURES]}
         if PARTNERS in phase.downlink:
             cohort = [int(c) for c in self.cohorts[round]]
-            vectors = server_state[f"{EVALUATION}.vectors"].cpu().numpy()
+            vectors = server_state[EVALUATION]["vectors"].cpu().numpy()
             match = make_matching if self.params.matching == "pairs" else many_to_one
-            self.sources = match(vectors, cohort)
             source = torch.full((self.setup.num_clients,), -1.0)
-            for receiver, sender in self.sources.items():
+            for receiver, sender in match(vectors, cohort).items():
                 source[receiver] = sender
             payloads[PARTNERS] = {"source": source}
         return payloads
 
     def aggregate(self, phase, round, server_state, uplink):
         super().aggregate(phase, round, server_state, uplink)
-        update_anchors(self.features_state(server_state), uplink[FEATURES])
+        update_anchors(server_state[FEATURES], uplink[FEATURES])
         evaluated = uplink[EVALUATION]["evaluated"] > 0
-        server_state[f"{EVALUATION}.vectors"][evaluated] = uplink[EVALUATION]["vectors"][evaluated].float()
+        server_state[EVALUATION]["vectors"][evaluated] = uplink[EVALUATION]["vectors"][evaluated].float()
 
     # -- clients -------------------------------------------------------------------------------------
-    def receive(self, phase, round, downlink):
-        if "model" in downlink:
-            self.received = downlink
-        if PARTNERS in downlink:
-            source = downlink[PARTNERS]["source"]
-            self.sources = {r: int(source[r]) for r in range(len(source)) if source[r] >= 0}
-
-    def exchange_sources(self, round):
-        return self.sources
+    def exchange_sources(self, round, received):
+        return {r: int(s) for r, s in enumerate(received[PARTNERS]["source"].tolist()) if s >= 0}
 
     def exchange_out(self, phase, client):
-        return {n: client.state[OWN + n] for n in phase.exchange.names}
+        return {n: client.state["half"][n] for n in phase.exchange.names}
 
     def exchange_in(self, phase, client, received):
-        assign(client.state, OWN, received)
+        assign(client.state["half"], received)
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         E = self.setup.job.train.local_epochs
         if phase.name == "second":
-            load_state(model, {n[len(OWN):]: t for n, t in client.state.items() if n.startswith(OWN)})
+            load_state(model, client.state["half"])
             epochs = range(self.half, E)
         else:
-            for key in [k for k in client.state if k.startswith(OWN)]:
-                del client.state[key]
+            client.state.pop("half", None)
+            client.state.pop("half_loss", None)
             client.term_state.pop(self.alignment.name, None)
-            self.start_from(model, client, self.received["model"])
+            self.start_from(model, client, downlink["model"])
             epochs = range(0, self.half) if phase.name == "first" else range(E)
-        metrics = self.train(model, client, round, trainer, self.received, extra=(self.alignment,), epochs=epochs)
+        metrics = self.train(model, client, round, trainer, downlink, extra=(self.alignment,), epochs=epochs)
         if phase.name == "first":              # hold the half-trained model for the swap
-            client.state.update({OWN + n: t.detach().clone() for n, t in model.state_dict().items()})
-            client.state[OWN + "#loss"] = torch.tensor([metrics["train_loss"] * metrics["steps"], metrics["steps"]])
+            client.state["half"] = {n: t.detach().clone() for n, t in model.state_dict().items()}
+            client.state["half_loss"] = {"sum": torch.tensor([metrics["train_loss"] * metrics["steps"],
+                                                              metrics["steps"]])}
             return {}, {}
-        if OWN + "#loss" in client.state:      # the round's loss over both halves
-            loss_steps, steps = client.state[OWN + "#loss"].tolist()
+        if "half_loss" in client.state:         # the round's loss over both halves
+            loss_steps, steps = client.state.pop("half_loss")["sum"].tolist()
             total = steps + metrics["steps"]
             metrics = {"train_loss": (loss_steps + metrics["train_loss"] * metrics["steps"]) / max(total, 1),
                        "steps": total}
         sums = client.term_state.pop(self.alignment.name)
-        features = uniform_contribution(sums["sums"], sums["counts"], self.received[FEATURES])
-        for key in [k for k in client.state if k.startswith(OWN)]:
-            del client.state[key]
+        features = uniform_contribution(sums["sums"], sums["counts"], downlink[FEATURES])
+        client.state.pop("half", None)
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples)),
                 FEATURES: (features, 1.0), EVALUATION: (self.evaluation(model, client, round), 1.0)}, metrics
 

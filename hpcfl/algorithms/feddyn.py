@@ -38,17 +38,18 @@ class FedDyn(FedAvg):
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         start = downlink["model"]
-        grad = {n: client.state.get(f"grad.{n}", torch.zeros_like(start[n])) for n in self.setup.parameter_names}
+        kept = client.state.get("grad", {})
+        grad = {n: kept.get(n, torch.zeros_like(start[n])) for n in self.setup.parameter_names}
         self.linear.vector = {n: -g for n, g in grad.items()}
         self.start_from(model, client, start)
         metrics = self.train(model, client, round, trainer, downlink, extra=(self.linear, self.prox))
-        for n, w in model.named_parameters():
-            client.state[f"grad.{n}"] = grad[n] - self.params.alpha * (w.detach() - start[n])
+        client.state["grad"] = {n: grad[n] - self.params.alpha * (w.detach() - start[n])
+                                for n, w in model.named_parameters()}
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, 1.0)}, metrics
 
     def update_parameters(self, server_state, mean, uplink):
         cohort, alpha = float(uplink["model"][WEIGHT]), self.params.alpha     # uniform weights: the cohort size
         for name in self.setup.parameter_names:
-            weights, h = server_state[f"model.{name}"], server_state[f"h.{name}"]
+            weights, h = server_state["model"][name], server_state["h"][name]
             h.sub_(alpha / self.setup.num_clients * cohort * (mean[name] - weights))
             weights.copy_(mean[name] - h / alpha)

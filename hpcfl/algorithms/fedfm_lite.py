@@ -20,14 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, anchor_state, local_anchors, update_anchors, with_anchors
+from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, local_anchors, update_anchors, with_anchors
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.errors import ConfigError
 from hpcfl.params import params_from
 from hpcfl.terms import ContrastiveGuiding
-
-LOCAL, BASE = "lite.model.", "lite.base"      # a client's own model and the global round it grew from
 
 
 class FedFMLite(FedAvg):
@@ -74,7 +72,7 @@ class FedFMLite(FedAvg):
     def downlink(self, phase, round, server_state):
         payloads = super().downlink(phase, round, server_state) if "model" in phase.downlink else {}
         if ANCHORS in phase.downlink:
-            payloads[ANCHORS] = anchor_state(server_state)
+            payloads[ANCHORS] = server_state[ANCHORS]
         return payloads
 
     def receive(self, phase, round, downlink):
@@ -82,9 +80,9 @@ class FedFMLite(FedAvg):
             self.latest = downlink["model"]
 
     def client_update(self, phase, round, client, downlink, model, trainer):
-        own = {k[len(LOCAL):]: v for k, v in client.state.items() if k.startswith(LOCAL)}
+        own = client.state.get("model")               # its own model between uploads, and the round it grew from
         base = round - round % self.params.model_every         # the latest model round: a resumed run knows it too
-        fresh = not own or int(client.state[BASE]) != base
+        fresh = not own or int(client.state["base"]["round"]) != base
         start = self.latest if fresh else own
         self.start_from(model, client, start)
         metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
@@ -92,17 +90,17 @@ class FedFMLite(FedAvg):
         if ANCHORS in phase.uplink:
             contributions[ANCHORS] = (local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size,
                                                     self.params.anchor_weighting, downlink[ANCHORS]), 1.0)
-        for key in [k for k in client.state if k.startswith(LOCAL) or k == BASE]:
-            del client.state[key]
+        client.state.pop("model", None)
+        client.state.pop("base", None)
         if "model" in phase.uplink:
             contributions["model"] = ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples))
         else:                          # keep training this model until the next global one
-            client.state.update({LOCAL + k: v.detach().clone() for k, v in model.state_dict().items()})
-            client.state[BASE] = torch.tensor(base)
+            client.state["model"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            client.state["base"] = {"round": torch.tensor(base)}
         return contributions, metrics
 
     def aggregate(self, phase, round, server_state, uplink):
         if ANCHORS in uplink:
-            update_anchors(anchor_state(server_state), uplink[ANCHORS])
+            update_anchors(server_state[ANCHORS], uplink[ANCHORS])
         if "model" in uplink:
             super().aggregate(phase, round, server_state, uplink)

@@ -143,8 +143,8 @@ class FedMA(Matching, Algorithm):
             shared = torch.cat([torch.tensor([float(count)], dtype=torch.float64), encode(merged, layer)])
             replies = {c: torch.from_numpy(a) for c, a in zip(clients, assignment, strict=True)}
         for p in layer.params:                  # a new shape, on the server's device
-            key = f"model.{p.key}"
-            server_state[key] = merged[p.key].to(server_state[key].device, self.template[p.key].dtype)
+            model = server_state["model"]
+            model[p.key] = merged[p.key].to(model[p.key].device, self.template[p.key].dtype)
         self.match_s[layer.name] = time.perf_counter() - start
         return shared, replies
 
@@ -159,7 +159,7 @@ class FedMA(Matching, Algorithm):
         return resize_(copy.deepcopy(model), self.global_state(server_state))
 
     def server_metrics(self, server_state):
-        size = sum(v.numel() for k, v in server_state.items() if k.startswith("model."))
+        size = sum(v.numel() for v in server_state["model"].values())
         return {"global_params": size, "growth_rate": size / sum(v.numel() for v in self.template.values()),
                 # strict=False: the last layer's width (the classes) is left out
                 **{f"width/{layer.name}": w for layer, w in zip(self.layers[:-1], self.widths, strict=False)},
@@ -176,7 +176,7 @@ class FedMA(Matching, Algorithm):
         seed = self.setup.job.run.seed
         state = (independent_init(initial_model, seed, client.id) if self.params.init == "independent"
                  else initial_model.state_dict())
-        return {f"model.{k}": v.detach().cpu().clone() for k, v in state.items()}
+        return {"model": {k: v.detach().cpu().clone() for k, v in state.items()}}
 
     def client_model(self, client, model):
         return copy.deepcopy(model)
@@ -187,21 +187,21 @@ class FedMA(Matching, Algorithm):
             self.widths[i] = int(downlink[MATCHED]["global"][0])
 
     def gather_out(self, phase, round, client):
-        return encode(self._own(client), self.layers[self.phase_layer[phase.name]])
+        return encode(client.state["model"], self.layers[self.phase_layer[phase.name]])
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         if phase.name == "train":
-            resize_(model, self._own(client) if round == 0 else self._own_size(client, downlink["model"]))
+            resize_(model, client.state["model"] if round == 0 else self._own_size(client, downlink["model"]))
             metrics = self.train(model, client, round, trainer, {})
         else:
             i = self.phase_layer[phase.name]
             if i == self.last:                      # the last layer's class average is the server's
                 return {}, {}
             assignment = downlink[MATCHED]["reply"].long()
-            client.state[f"assign.{self.layers[i].name}"] = assignment
-            resize_(model, self._install(self._own(client), i, downlink[MATCHED]["global"], assignment))
+            client.state.setdefault("assignment", {})[self.layers[i].name] = assignment
+            resize_(model, self._install(client.state["model"], i, downlink[MATCHED]["global"], assignment))
             metrics = self._retrain(model, client, round, trainer, i) if self.params.retrain else {}
-        client.state.update({f"model.{k}": v.detach() for k, v in model.state_dict().items()})
+        client.state["model"] = {k: v.detach() for k, v in model.state_dict().items()}
         return {}, metrics
 
     def _retrain(self, model, client, round, trainer, i):
@@ -219,14 +219,11 @@ class FedMA(Matching, Algorithm):
         start = self.setup.job.train.local_epochs + i * self.params.retrain_epochs
         return self.train(model, client, round, trainer, {}, epochs=range(start, start + epochs))
 
-    def _own(self, client) -> dict[str, torch.Tensor]:
-        return {k[len("model."):]: v for k, v in client.state.items() if k.startswith("model.")}
-
     def _own_size(self, client, global_model) -> dict[str, torch.Tensor]:
         """The global model sliced back to the client's size with its last assignments (section 2.3)."""
         state = dict(global_model)
         for i, layer in enumerate(self.layers[:-1]):
-            mine = client.state[f"assign.{layer.name}"]
+            mine = client.state["assignment"][layer.name]
             state = pick_inputs(pick(state, layer, mine), self.layers[i + 1], mine, self.widths[i])
         return state
 

@@ -80,4 +80,4 @@ class FedNova(FedAvg):
 
     def update_parameters(self, server_state, mean, uplink):
         for name in self.setup.parameter_names:            # mean[STEPS] = tau_eff
-            server_state[f"model.{name}"].sub_(mean[STEPS] * mean[name])
+            server_state["model"][name].sub_(mean[STEPS] * mean[name])

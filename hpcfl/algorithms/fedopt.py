@@ -57,13 +57,13 @@ class FedOpt(FedAvg):
 
     def init_server_state(self, model):
         state = self.with_zeros(super().init_server_state(model), "moment1")
-        return {**state, **{f"moment2.{n}": torch.full_like(state[f"model.{n}"], self.params.tau ** 2)
-                            for n in self.setup.parameter_names}}
+        return {**state, "moment2": {n: torch.full_like(state["model"][n], self.params.tau ** 2)
+                                     for n in self.setup.parameter_names}}
 
     def update_parameters(self, server_state, mean, uplink):
         p = self.params
         for name in self.setup.parameter_names:
-            x, m, v = (server_state[f"{kind}.{name}"] for kind in ("model", "moment1", "moment2"))
+            x, m, v = (server_state[owner][name] for owner in ("model", "moment1", "moment2"))
             delta = mean[name] - x                      # float64, as the reduced mean
             m.mul_(p.beta1).add_((1 - p.beta1) * delta)
             v.copy_(self.second_moment(v, delta.square()))

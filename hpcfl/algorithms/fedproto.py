@@ -13,14 +13,7 @@ classifier) on its local test set; the authors also report nearest-prototype inf
 """
 from dataclasses import dataclass
 
-from hpcfl.algorithms.anchors import (
-    ANCHORS,
-    anchor_layouts,
-    anchor_state,
-    initial_anchors,
-    local_anchors,
-    update_anchors,
-)
+from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
 from hpcfl.algorithms.base import Phase
 from hpcfl.algorithms.personal import Personal
 from hpcfl.terms import Term
@@ -59,10 +52,10 @@ class FedProto(Personal):
         return [self.phase]
 
     def init_server_state(self, model):
-        return {f"{ANCHORS}.{k}": v for k, v in initial_anchors(self.setup.num_classes, self.setup.feature_dim).items()}
+        return {ANCHORS: initial_anchors(self.setup.num_classes, self.setup.feature_dim)}
 
     def downlink(self, phase, round, server_state):
-        return {ANCHORS: anchor_state(server_state)}
+        return {ANCHORS: server_state[ANCHORS]}
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         start = self.start_own(model, client)
@@ -73,4 +66,4 @@ class FedProto(Personal):
         return {ANCHORS: (sums, 1.0)}, metrics
 
     def aggregate(self, phase, round, server_state, uplink):
-        update_anchors(anchor_state(server_state), uplink[ANCHORS])
+        update_anchors(server_state[ANCHORS], uplink[ANCHORS])

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted, weighted_mean
 from hpcfl.algorithms.initial import InitParams, independent_init
-from hpcfl.algorithms.personal import OWN, Personal
+from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
 from hpcfl.models.evaluation import predict_proba, summarize
 from hpcfl.payload import Layout
@@ -37,7 +37,7 @@ class LocalOnly(Personal):
         shared = super().init_client_state(client, initial_model)
         if self.params.init == "shared":
             return shared
-        return {OWN + k: v for k, v in independent_init(initial_model, self.setup.job.run.seed, client.id).items()}
+        return {"model": independent_init(initial_model, self.setup.job.run.seed, client.id)}
 
     def plan(self, round):
         return [Phase("train")]
@@ -76,15 +76,16 @@ class Ensemble(LocalOnly):
         return self.plans[self.setup.job.evaluates(round)]
 
     def init_server_state(self, model):
-        return {PROBS: torch.full((self.setup.test_size, self.setup.num_classes), 1.0 / self.setup.num_classes)}
+        return {"ensemble": {PROBS: torch.full((self.setup.test_size, self.setup.num_classes),
+                                               1.0 / self.setup.num_classes)}}
 
     def aggregate(self, phase, round, server_state, uplink):
         mean = weighted_mean(uplink[PROBS]) if PROBS in uplink else None
         if mean is not None:
-            server_state[PROBS].copy_(mean[PROBS])
+            server_state["ensemble"][PROBS].copy_(mean[PROBS])
 
     def evaluate(self, server_state, model, x, y, batch_size):
-        probs = server_state[PROBS].to(y.device)
+        probs = server_state["ensemble"][PROBS].to(y.device)
         loss = F.nll_loss(probs.clamp(min=1e-12).log(), y, reduction="sum")
         return summarize(probs.argmax(1), y, loss, self.setup.num_classes)
 

@@ -1,7 +1,7 @@
 """Personalised algorithms: every client keeps its own whole model (local-only, the ensemble,
 FedClassAvg, FedProto), so clients may have different architectures (`model.architectures`).
 
-A client's model is its persistent state under "model.*", on its worker (on the CPU between rounds),
+A client's model is its persistent state, owned by "model", on its worker (on the CPU between rounds),
 from the first round it trains; until then it is the initial model of its architecture, one shared
 copy per architecture and worker. There is no single global model: accuracy is personalised, each
 trained client's model on its own held-out data, so the job needs data.local_test_ratio or
@@ -11,8 +11,6 @@ from hpcfl.algorithms.base import Algorithm, Tensors, Traits
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.terms import matching_terms
-
-OWN = "model."
 
 
 class Personal(Algorithm):
@@ -45,11 +43,10 @@ class Personal(Algorithm):
 
     def own_model(self, client) -> Tensors:
         """The client's own model state (its architecture's initial model before it first trains)."""
-        return ({k[len(OWN):]: v for k, v in client.state.items() if k.startswith(OWN)}
-                or self.initial[client.architecture])
+        return client.state.get("model") or self.initial[client.architecture]
 
     def keep_model(self, client, model) -> None:
-        client.state.update({OWN + k: v.detach().clone() for k, v in model.state_dict().items()})
+        client.state["model"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def start_own(self, model, client, received: Tensors | None = None) -> Tensors:
         """Load the client's own model overwritten by the `received` tensors; returns the state loaded."""

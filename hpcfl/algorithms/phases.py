@@ -46,8 +46,9 @@ class SwapPhase:
 class Swapping:
     """The hooks of a swap phase, on every worker rank."""
 
-    def exchange_sources(self, round: int) -> dict[int, int]:
-        """Receiver client -> the client whose tensors it gets (the same on every rank)."""
+    def exchange_sources(self, round: int, received: dict[str, Tensors]) -> dict[int, int]:
+        """Receiver client -> the client whose tensors it gets, from what the round has broadcast so
+        far (`received`, the same on every rank, the server's included)."""
         raise NotImplementedError
 
     def exchange_out(self, phase: SwapPhase, client) -> Tensors:
@@ -66,7 +67,7 @@ class Matching:
         """On the client's worker, before the downlink: the tensor this client sends the server."""
         raise NotImplementedError
 
-    def match(self, phase: MatchPhase, round: int, server_state: Tensors,
+    def match(self, phase: MatchPhase, round: int, server_state: dict[str, Tensors],
               gathered: dict[int, torch.Tensor]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """On the server, from every sampled client's tensor: one tensor broadcast to all and one sent
         to each client; they reach `client_update` as downlink[MATCHED]."""

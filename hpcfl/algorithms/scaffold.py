@@ -61,27 +61,26 @@ class Scaffold(FedAvg):
         return self.with_zeros(super().init_server_state(model), "control")
 
     def downlink(self, phase, round, server_state):
-        return {"model": self.global_state(server_state),
-                "control": {n: server_state[f"control.{n}"] for n in self.setup.parameter_names}}
+        return {"model": self.global_state(server_state), "control": server_state["control"]}
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         start, c = downlink["model"], downlink["control"]
-        c_i = {n: client.state.get(f"control.{n}", torch.zeros_like(c[n])) for n in c}
+        kept = client.state.get("control", {})
+        c_i = {n: kept.get(n, torch.zeros_like(c[n])) for n in c}
         self.correction.vector = {n: c[n] - c_i[n] for n in c}
         self.start_from(model, client, start)
         metrics = self.train(model, client, round, trainer, downlink, extra=(self.correction,))
         train = self.setup.job.train
         step = 1.0 / (normalising_steps(int(metrics["steps"]), train.momentum, self.lr_mu) * train.lr)
         trained = dict(model.named_parameters())
-        delta = {}
-        for n in c:
-            new = c_i[n] - c[n] + (start[n] - trained[n].detach()) * step
-            delta[n], client.state[f"control.{n}"] = new - c_i[n], new
+        new = {n: c_i[n] - c[n] + (start[n] - trained[n].detach()) * step for n in c}
+        client.state["control"] = new
+        delta = {n: new[n] - c_i[n] for n in c}
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples)),
                 "control": (delta, 1.0)}, metrics
 
     def update_parameters(self, server_state, mean, uplink):
         for name in self.setup.parameter_names:
-            weights = server_state[f"model.{name}"]
+            weights = server_state["model"][name]
             weights.add_(self.params.server_lr * (mean[name] - weights))
-            server_state[f"control.{name}"].add_(uplink["control"][name] / self.setup.num_clients)
+            server_state["control"][name].add_(uplink["control"][name] / self.setup.num_clients)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 Tensors = dict[str, torch.Tensor]
+State = dict[str, Tensors]         # owner -> its tensors by name
 
 
 @dataclass
@@ -20,8 +21,8 @@ class Client:
     y: torch.Tensor
     class_counts: np.ndarray
     architecture: str = ""                              # its model (model.architectures), on heterogeneous runs
-    state: Tensors = field(default_factory=dict)       # the algorithm's own (and "bn." for model.batchnorm = "local")
-    term_state: dict[str, Tensors] = field(default_factory=dict)   # each loss term's own, under its name (Term.state)
+    state: State = field(default_factory=dict)          # the algorithm's, by owner ("bn": model.batchnorm = "local")
+    term_state: State = field(default_factory=dict)     # each loss term's own, under its name (Term.state)
     eval_sets: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # "val", "local_test"
     test_set: tuple[torch.Tensor, torch.Tensor] | None = None     # the global test set, if the algorithm asks
     shared: tuple[torch.Tensor, torch.Tensor] | None = None       # FedKA's shared set S, one sample per class
@@ -41,12 +42,14 @@ class Client:
         scale, shift = self.normalization
         return x.to(torch.float32, copy=True).mul_(scale).sub_(shift)    # never x itself, in place
 
-    def kept(self) -> dict[str, Tensors]:
-        """Everything the client keeps from round to round, by owner: the algorithm's state under "",
-        each term's under the term's name. The worker holds it on the CPU between rounds."""
-        return {"": self.state, **{name: state for name, state in self.term_state.items() if state}}
+    def kept(self) -> dict[str, State]:
+        """Everything the client keeps from round to round: the algorithm's state under "algorithm",
+        the loss terms' under "terms", each by owner (empty owners left out). The worker holds it on
+        the CPU between rounds."""
+        return {part: {owner: tensors for owner, tensors in state.items() if tensors}
+                for part, state in (("algorithm", self.state), ("terms", self.term_state))}
 
-    def keep(self, kept: dict[str, Tensors]) -> None:
+    def keep(self, kept: dict[str, State]) -> None:
         """Take back what `kept()` returned (moved, restored from a checkpoint)."""
-        self.state = dict(kept.get("", {}))
-        self.term_state = {name: dict(state) for name, state in kept.items() if name}
+        self.state = {owner: dict(tensors) for owner, tensors in kept["algorithm"].items()}
+        self.term_state = {owner: dict(tensors) for owner, tensors in kept["terms"].items()}

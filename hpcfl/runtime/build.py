@@ -17,7 +17,7 @@ import torch
 
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.algorithms.anchored import WithAnchors, wrap
-from hpcfl.algorithms.base import Algorithm, Client, Setup
+from hpcfl.algorithms.base import Algorithm, Client, Setup, owned
 from hpcfl.config import JobConfig
 from hpcfl.data.base import Dataset, resolve_data_root, take
 from hpcfl.data.datasets import load_dataset
@@ -215,7 +215,8 @@ def _worker(config: JobConfig, transport: Transport, split: _Data, models: dict,
             rows = split.local_tests[cid]
             client.eval_sets["local_test"] = _on(device, take(data.test_x, rows), take(data.test_y, rows))
         client.test_set, client.shared = test_set, shared
-        client.state = algorithm.init_client_state(client, models[client.architecture])
+        client.state = owned(algorithm.init_client_state(client, models[client.architecture]),
+                             f"{algorithm.name}.init_client_state")
     trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
     group = group_size(config, ALGORITHMS[config.algorithm.name], models.values(), device)
     batched = BatchedTrainer(trainer, models.values(), group) if group else None

@@ -3,11 +3,12 @@ moment leaves either the previous checkpoint or the new one, never a half of one
 
 Next to the result file `<run>.h5` sits `<run>.ckpt/round-<R>/` for a checkpoint taken after round
 R - 1 (so R rounds are done and the run resumes at round R):
-- `server.pt` (rank 0): the server state;
+- `server.pt` (rank 0): the server state, by owner (hpcfl.algorithms.base.State);
 - `shared.pt` (rank 0): the algorithm's cross-round state that every rank holds (FedMA's global widths);
 - `clients-rank<r>.pt` (every rank hosting clients): its clients' kept states (Client.kept) by client id, and the
   rank's torch generator state;
-- `MANIFEST.json`, written last by rank 0 once every rank has reported its files and their SHA-256.
+- `MANIFEST.json`, written last by rank 0 once every rank has reported its files and their SHA-256,
+  and the layout of the states (FORMAT).
 Every file is written to a temporary name, flushed to disk and renamed; the directory is written
 as `round-<R>.partial` and renamed when the manifest is in. A directory whose files do not match the
 manifest is corrupt: the previous checkpoint is used, with a warning. The newest `keep` are kept.
@@ -31,6 +32,7 @@ import torch
 from hpcfl.errors import ResultsError
 
 MANIFEST = "MANIFEST.json"
+FORMAT = 2          # 2: states by owner ({owner: {name: tensor}}); 1 (no "format"): under string prefixes
 
 
 def checkpoint_root(result_path: Path) -> Path:
@@ -58,7 +60,8 @@ def save(root: Path, rounds_done: int, transport, server_state: dict | None, sha
     partial.mkdir(parents=True, exist_ok=True)
     mine = {}
     if transport.is_server:
-        mine["server.pt"] = _write(partial / "server.pt", {k: v.detach().cpu() for k, v in server_state.items()})
+        mine["server.pt"] = _write(partial / "server.pt", {owner: {k: v.detach().cpu() for k, v in tensors.items()}
+                                                           for owner, tensors in server_state.items()})
         mine["shared.pt"] = _write(partial / "shared.pt", shared)
     if transport.size == 1 or not transport.is_server:        # the ranks hosting clients
         name = f"clients-rank{transport.rank}.pt"
@@ -68,7 +71,8 @@ def save(root: Path, rounds_done: int, transport, server_state: dict | None, sha
     if not transport.is_server:
         return
     tmp = partial / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"rounds_done": rounds_done, "world_size": transport.size, "files": files}))
+    tmp.write_text(json.dumps({"rounds_done": rounds_done, "world_size": transport.size, "format": FORMAT,
+                               "files": files}))
     os.replace(tmp, partial / MANIFEST)
     final = root / f"round-{rounds_done:06d}"
     if final.exists():                    # an earlier attempt at the same round (a rerun): replace it

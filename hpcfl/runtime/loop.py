@@ -39,6 +39,8 @@ class Round:
     blocks: dict[str, np.ndarray]         # per-client blocks beside them (report.client_blocks), filled alike
     traffic: Traffic                      # its FL bytes, and the wire bytes the transport counts
     phase_s: dict = field(default_factory=dict)
+    received: dict = field(default_factory=dict)    # the round's broadcasts so far, by payload: what its
+                                                    # later phases' clients get too (a phase's own replace them)
 
 
 def run(job: Job) -> bool:
@@ -104,17 +106,19 @@ def run(job: Job) -> bool:
     return True
 
 
-def _train(job: Job, phase: Phase, this: Round, downlink: dict | None = None, replies: dict | None = None) -> None:
+def _train(job: Job, phase: Phase, this: Round, matched: dict | None = None, replies: dict | None = None) -> None:
     """A train phase:
-    a. the server's downlink is broadcast;
-    b. the hosted sampled clients train;
+    a. the server's downlink is broadcast, and joins what the round has broadcast before (`matched`:
+       a matching phase's answer);
+    b. the hosted sampled clients train, with all of it;
     c. their uplink is sum-reduced onto the server, which aggregates it."""
-    transport, device, downlink = job.transport, _device(job), downlink or {}
+    transport, device = job.transport, _device(job)
     packed = job.server.downlink(phase, this.number) if job.server else {}
     for name, layout in phase.downlink.items():
-        downlink[name] = layout.unpack(torch.from_numpy(transport.broadcast(name, packed.get(name))).to(device))
+        this.received[name] = layout.unpack(torch.from_numpy(transport.broadcast(name, packed.get(name))).to(device))
         this.traffic.count("down", name, layout.numel * len(this.cohort))
-    sums = (job.worker.run_phase(phase, this.number, this.hosted, downlink, this.rows, CLIENT_METRICS,
+    this.received.update(matched or {})
+    sums = (job.worker.run_phase(phase, this.number, this.hosted, this.received, this.rows, CLIENT_METRICS,
                                  this.blocks, replies)
             if job.worker else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
     reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
@@ -125,10 +129,12 @@ def _train(job: Job, phase: Phase, this: Round, downlink: dict | None = None, re
 
 
 def _swap(job: Job, phase: SwapPhase, this: Round) -> None:
-    """A swap phase: the hosted clients' tensors go to their receivers (point to point across ranks)."""
+    """A swap phase: the hosted clients' tensors go to their receivers (point to point across ranks),
+    as the round's broadcasts pair them."""
+    sources = job.algorithm.exchange_sources(this.number, this.received)
     if job.worker:
-        job.worker.exchange(phase, this.number, this.hosted, job.transport)
-    this.traffic.count("exchange", phase.name, phase.exchange.numel * len(job.algorithm.exchange_sources(this.number)))
+        job.worker.exchange(phase, this.number, this.hosted, job.transport, sources)
+    this.traffic.count("exchange", phase.name, phase.exchange.numel * len(sources))
 
 
 def _match(job: Job, phase: MatchPhase, this: Round) -> None:

@@ -19,7 +19,7 @@ import torch
 from hpcfl.config import NON_RESULT_KEYS, JobConfig, current_names
 from hpcfl.errors import HpcflError, ResultsError
 from hpcfl.metrics import read_run
-from hpcfl.runtime.checkpoint import MANIFEST, checkpoint_root, latest, load, load_clients, save
+from hpcfl.runtime.checkpoint import FORMAT, MANIFEST, checkpoint_root, latest, load, load_clients, save
 from hpcfl.runtime.lock import claim
 
 LOG = logging.getLogger(__name__)
@@ -70,9 +70,15 @@ def _resumable(config: dict) -> dict:
 def restore(job, directory: Path, rounds: int) -> None:
     """Every rank takes its part of the checkpoint in `directory` (taken after `rounds` rounds)."""
     manifest = json.loads((directory / MANIFEST).read_text())
+    if manifest.get("format", 1) != FORMAT:
+        raise ResultsError(f"checkpoint {directory} keeps its states in format {manifest.get('format', 1)}, as "
+                           f"earlier hpcfl did (0.1, and 0.2.0 before states had owners); this hpcfl reads format "
+                           f"{FORMAT}: resume it with the hpcfl that wrote it (the result file's provenance names "
+                           "its commit), or move the checkpoint folder away to start the run again")
     job.algorithm.load_carried_state(load(directory, "shared.pt"))
     if job.server:
-        job.server.state = {k: v.to(job.server.device) for k, v in load(directory, "server.pt").items()}
+        job.server.state = {owner: {k: v.to(job.server.device) for k, v in tensors.items()}
+                            for owner, tensors in load(directory, "server.pt").items()}
     if job.worker:
         same = manifest["world_size"] == job.transport.size
         states, rngs = load_clients(directory, set(job.worker.clients), job.transport.rank if same else None)
@@ -80,10 +86,6 @@ def restore(job, directory: Path, rounds: int) -> None:
         if missing:
             raise ResultsError(f"checkpoint {directory} has no state for clients {missing}: it belongs to another run")
         for cid, kept in states.items():
-            if any(isinstance(value, torch.Tensor) for value in kept.values()):
-                raise ResultsError(f"checkpoint {directory} keeps client states as hpcfl 0.1 did (one flat table, "
-                                   "before loss terms had their own): resume it with hpcfl 0.1, or move the "
-                                   "checkpoint folder away to start the run again")
             job.worker.clients[cid].keep(kept)
         if same:
             torch.set_rng_state(rngs[job.transport.rank])

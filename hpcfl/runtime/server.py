@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Algorithm
+from hpcfl.algorithms.base import Algorithm, owned
 from hpcfl.algorithms.phases import MatchPhase, Phase
 from hpcfl.metrics.feature_space import feature_quality
 
@@ -22,7 +22,8 @@ class Server:
                  validation: tuple[torch.Tensor, torch.Tensor] | None = None):
         """`validation`: every client's held-out samples (data.validation_fraction), for model selection."""
         self.algorithm, self.model, self.device = algorithm, model, device
-        self.state = {k: v.to(device) for k, v in algorithm.init_server_state(model).items()}
+        state = owned(algorithm.init_server_state(model), f"{algorithm.name}.init_server_state")
+        self.state = {owner: {k: v.to(device) for k, v in tensors.items()} for owner, tensors in state.items()}
         self.test_x, self.test_y = test_x.to(device), test_y.to(device)
         self.sets = {"test": (self.test_x, self.test_y)}
         if validation is not None:

@@ -42,8 +42,8 @@ class Worker:
         """Train the sampled clients this rank hosts this round (`hosted`, increasing ids); returns the
         summed uplink buffers; fills `rows` (client x metric) and the `blocks` given (hpcfl.runtime.report.
         client_blocks: the trained model's test accuracy per class, its correctness on the client's own
-        test examples). In a matching phase each client also gets
-        its own reply, as downlink[MATCHED]["reply"]."""
+        test examples). `downlink`: what the round has broadcast so far; in a matching phase each
+        client also gets its own reply, as downlink[MATCHED]["reply"]."""
         start = time.perf_counter()
         sums = {name: _zeros(layout.numel, self.device) for name, layout in phase.uplink.items()}
         column = {key: j for j, key in enumerate(metric_names)}
@@ -61,9 +61,7 @@ class Worker:
                 err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
             client.keep(_moved(client.kept(), lambda t: t.detach().cpu()))
-            if self.moving and any(client.kept().values()):
-                kept = sorted(f"{owner or 'algorithm'}: {key}" for owner, state in client.kept().items()
-                              for key in state)
+            if self.moving and (kept := [f"{owner}: {name}" for _, owner, name, _ in _tensors(client.kept())]):
                 raise HpcflError(f"algorithm '{self.algorithm.name}' declares stateless clients, but client {cid} "
                                  f"kept {kept[:3]}: its class must not set `stateless`, nor a term it uses leave "
                                  "keeps_state unset")
@@ -131,12 +129,12 @@ class Worker:
         self.compute_s += time.perf_counter() - start
         return out
 
-    def exchange(self, phase: SwapPhase, round: int, hosted: list[int], transport) -> None:
-        """A swap phase: the hosted sampled clients hand their tensors to their receivers (in memory
-        on this rank, point to point across ranks); every worker reaches it with all its clients at
-        the same point of training, so no rank waits on a partner that is still training."""
+    def exchange(self, phase: SwapPhase, round: int, hosted: list[int], transport, sources: dict[int, int]) -> None:
+        """A swap phase: the hosted sampled clients hand their tensors to their receivers (`sources`:
+        receiver -> source; in memory on this rank, point to point across ranks); every worker reaches
+        it with all its clients at the same point of training, so no rank waits on a partner that is
+        still training."""
         start = time.perf_counter()
-        sources = self.algorithm.exchange_sources(round)
         involved = set(sources) | set(sources.values())
         items = {c: phase.exchange.pack(self.algorithm.exchange_out(phase, self.clients[c])).cpu().numpy()
                  for c in hosted if c in involved}
@@ -147,12 +145,11 @@ class Worker:
 
     def client_state_bytes(self) -> int:
         """Memory held by the hosted clients' persistent state (on the CPU between rounds)."""
-        return sum(t.numel() * t.element_size() for c in self.clients.values() for state in c.kept().values()
-                   for t in state.values())
+        return sum(t.numel() * t.element_size() for c in self.clients.values() for *_, t in _tensors(c.kept()))
 
 
 def _received(downlink: dict, replies: dict | None, cid: int) -> dict:
-    """What client `cid` receives: the phase's downlink, and in a matching phase its own reply."""
+    """What client `cid` receives: the round's broadcasts, and in a matching phase its own reply."""
     return downlink if replies is None else {**downlink, MATCHED: {**downlink[MATCHED], "reply": replies[cid]}}
 
 
@@ -178,4 +175,11 @@ def _finite(contributions: dict, metrics: dict) -> bool:
 
 def _moved(kept: dict[str, dict], move) -> dict[str, dict]:
     """A client's kept state (Client.kept) with `move` applied to every tensor."""
-    return {owner: {key: move(t) for key, t in state.items()} for owner, state in kept.items()}
+    return {part: {owner: {name: move(t) for name, t in tensors.items()} for owner, tensors in state.items()}
+            for part, state in kept.items()}
+
+
+def _tensors(kept: dict[str, dict]):
+    """(part, owner, name, tensor) for every tensor of a client's kept state (Client.kept)."""
+    return ((part, owner, name, t) for part, state in kept.items() for owner, tensors in state.items()
+            for name, t in tensors.items())

@@ -9,7 +9,7 @@ from algorithms.helpers import Scalar, client, make, sums
 from torch import nn
 
 from hpcfl.algorithms.anchored import wrap
-from hpcfl.algorithms.anchors import ANCHORS, anchor_state
+from hpcfl.algorithms.anchors import ANCHORS
 from hpcfl.algorithms.base import ONE, WEIGHT, Client
 from hpcfl.algorithms.fednova import STEPS, normalising_steps
 from hpcfl.errors import ConfigError
@@ -32,10 +32,10 @@ def test_fedavgm_applies_server_momentum_to_the_pseudo_gradient():
     algo = make("fedavgm", Scalar(1.0), {"server_lr": 1.0, "server_momentum": 0.9})
     state = algo.init_server_state(Scalar(1.0))
     _aggregate(algo, state, {"model": ({**_w(0.5), WEIGHT: ONE}, 2)})
-    assert state["model.w"].item() == pytest.approx(0.5)              # v = 0.5; w = 1 - 0.5
+    assert state["model"]["w"].item() == pytest.approx(0.5)              # v = 0.5; w = 1 - 0.5
     _aggregate(algo, state, {"model": ({**_w(0.25), WEIGHT: ONE}, 2)})
-    assert state["momentum.w"].item() == pytest.approx(0.9 * 0.5 + 0.25)
-    assert state["model.w"].item() == pytest.approx(0.5 - 0.7)
+    assert state["momentum"]["w"].item() == pytest.approx(0.9 * 0.5 + 0.25)
+    assert state["model"]["w"].item() == pytest.approx(0.5 - 0.7)
 
 
 class _WithStatistic(Scalar):
@@ -55,25 +55,25 @@ def test_fedavgm_default_server_rule_over_three_rounds():
     assert algo.server_lr == pytest.approx(0.1)                           # eta = 1 - beta, beta = 0.9
     state = algo.init_server_state(_WithStatistic(1.0))
     _aggregate(algo, state, _up(0.4, 2.0, 1), _up(0.6, 6.0, 3))            # mean w 0.55, stat 5
-    assert state["momentum.w"].item() == pytest.approx(0.45)               # d = 1 - 0.55
-    assert state["model.w"].item() == pytest.approx(1 - 0.1 * 0.45)        # 0.955
-    assert state["model.stat"].item() == pytest.approx(5.0)
+    assert state["momentum"]["w"].item() == pytest.approx(0.45)               # d = 1 - 0.55
+    assert state["model"]["w"].item() == pytest.approx(1 - 0.1 * 0.45)        # 0.955
+    assert state["model"]["stat"].item() == pytest.approx(5.0)
     _aggregate(algo, state, _up(0.855, 1.0, 2), round=1)                   # d = 0.1
-    assert state["momentum.w"].item() == pytest.approx(0.9 * 0.45 + 0.1)   # 0.505
-    assert state["model.w"].item() == pytest.approx(0.955 - 0.0505)        # 0.9045
+    assert state["momentum"]["w"].item() == pytest.approx(0.9 * 0.45 + 0.1)   # 0.505
+    assert state["model"]["w"].item() == pytest.approx(0.955 - 0.0505)        # 0.9045
     _aggregate(algo, state, _up(0.9045, 3.0, 1), round=2)                  # d = 0: the momentum alone moves w
-    assert state["momentum.w"].item() == pytest.approx(0.9 * 0.505)
-    assert state["model.w"].item() == pytest.approx(0.9045 - 0.1 * 0.4545)
-    assert state["model.stat"].item() == pytest.approx(3.0)                # no momentum on buffers
+    assert state["momentum"]["w"].item() == pytest.approx(0.9 * 0.505)
+    assert state["model"]["w"].item() == pytest.approx(0.9045 - 0.1 * 0.4545)
+    assert state["model"]["stat"].item() == pytest.approx(3.0)                # no momentum on buffers
 
 
 @pytest.mark.parametrize("server_lr, step", [(0.0, 0.2), (1.0, 2.0)])
 def test_fedavgm_effective_server_step_is_lr_over_one_minus_beta(server_lr, step):
     algo = make("fedavgm", Scalar(1.0), {"server_lr": server_lr, "server_momentum": 0.9})
     state = algo.init_server_state(Scalar(1.0))
-    state["momentum.w"].fill_(0.2 / (1 - 0.9))          # the velocity a steady pseudo-gradient d = 0.2 builds up
+    state["momentum"]["w"].fill_(0.2 / (1 - 0.9))          # the velocity a steady pseudo-gradient d = 0.2 builds up
     _aggregate(algo, state, {"model": ({**_w(0.8), WEIGHT: ONE}, 1)})      # d = 0.2 again
-    assert state["model.w"].item() == pytest.approx(1.0 - step)       # eta / (1 - beta) * d: FedAvg's by default
+    assert state["model"]["w"].item() == pytest.approx(1.0 - step)       # eta / (1 - beta) * d: FedAvg's by default
 
 
 def test_scaffold_client_corrects_its_steps_and_updates_its_control_variate():
@@ -84,7 +84,7 @@ def test_scaffold_client_corrects_its_steps_and_updates_its_control_variate():
     correction = [t for t in trainer.terms if isinstance(t, Linear)][0]
     assert correction.vector["w"].item() == pytest.approx(0.5)          # c - c_i, with c_i = 0
     # option II: c_i+ = c_i - c + (x - y) / (K lr) = 0 - 0.5 + 0.2 / 0.2 = 0.5
-    assert me.state["control.w"].item() == pytest.approx(0.5)
+    assert me.state["control"]["w"].item() == pytest.approx(0.5)
     assert contributions["control"][0]["w"].item() == pytest.approx(0.5) and contributions["control"][1] == 1.0
     algo.client_update(algo.plan(1)[0], 1, me, downlink, Scalar(), trainer)
     assert correction.vector["w"].item() == pytest.approx(0.0, abs=1e-6)        # c - c_i now that c_i = 0.5
@@ -95,8 +95,8 @@ def test_scaffold_server_averages_control_deltas_over_all_clients():
     state = algo.init_server_state(Scalar(1.0))
     _aggregate(algo, state, {"model": ({**_w(0.5), WEIGHT: ONE}, 1), "control": (_w(0.5), 1.0)},
                {"model": ({**_w(0.9), WEIGHT: ONE}, 3), "control": (_w(1.0), 1.0)})
-    assert state["model.w"].item() == pytest.approx((0.5 + 3 * 0.9) / 4)
-    assert state["control.w"].item() == pytest.approx((0.5 + 1.0) / 4)   # / N = 4, not / cohort = 2
+    assert state["model"]["w"].item() == pytest.approx((0.5 + 3 * 0.9) / 4)
+    assert state["control"]["w"].item() == pytest.approx((0.5 + 1.0) / 4)   # / N = 4, not / cohort = 2
 
 
 @pytest.mark.parametrize("steps, momentum, lr_mu, expected", [
@@ -150,7 +150,7 @@ def test_fednova_server_rescales_by_the_effective_steps():
     _aggregate(algo, state, {"model": ({"w": torch.tensor(0.2), STEPS: ONE * 2, WEIGHT: ONE}, 1)},
                {"model": ({"w": torch.tensor(0.1), STEPS: ONE * 4, WEIGHT: ONE}, 3)})
     tau_eff, d = 0.25 * 2 + 0.75 * 4, 0.25 * 0.2 + 0.75 * 0.1
-    assert state["model.w"].item() == pytest.approx(1.0 - tau_eff * d)     # 0.5625, where FedAvg gives 0.6
+    assert state["model"]["w"].item() == pytest.approx(1.0 - tau_eff * d)     # 0.5625, where FedAvg gives 0.6
 
 
 def test_feddyn_client_uses_and_updates_its_gradient_state():
@@ -160,7 +160,7 @@ def test_feddyn_client_uses_and_updates_its_gradient_state():
     linear = [t for t in trainer.terms if isinstance(t, Linear)][0]
     prox = [t for t in trainer.terms if isinstance(t, Prox)][0]
     assert linear.vector["w"].item() == 0.0 and prox.params.mu == 0.1
-    assert me.state["grad.w"].item() == pytest.approx(-0.1 * (0.5 - 1.0))    # g - alpha (w_k - w)
+    assert me.state["grad"]["w"].item() == pytest.approx(-0.1 * (0.5 - 1.0))    # g - alpha (w_k - w)
     assert contributions["model"][1] == 1.0                                   # uniform average
     algo.client_update(algo.plan(1)[0], 1, me, {"model": _w(1.0)}, Scalar(), trainer)
     assert linear.vector["w"].item() == pytest.approx(-0.05)                  # -g
@@ -176,8 +176,8 @@ def test_feddyn_server_corrects_the_mean_by_h():
     state = algo.init_server_state(Scalar(1.0))
     _aggregate(algo, state, {"model": ({**_w(0.5), WEIGHT: ONE}, 1.0)}, {"model": ({**_w(0.7), WEIGHT: ONE}, 1.0)})
     h = -0.1 / 4 * (0.5 - 1.0 + 0.7 - 1.0)
-    assert state["h.w"].item() == pytest.approx(h)
-    assert state["model.w"].item() == pytest.approx(0.6 - h / 0.1)
+    assert state["h"]["w"].item() == pytest.approx(h)
+    assert state["model"]["w"].item() == pytest.approx(0.6 - h / 0.1)
 
 
 def test_local_only_clients_continue_from_their_own_model():
@@ -192,7 +192,7 @@ def test_local_only_clients_continue_from_their_own_model():
     algo.client_update(phase, 1, other, {}, model, StepTrainer(shift=1.0))
     assert model.w.item() == 2.0                        # the other client starts from the initial model too
     algo.client_update(phase, 2, me, {}, model, StepTrainer(shift=1.0))
-    assert model.w.item() == 3.0 and me.state["model.w"].item() == 3.0
+    assert model.w.item() == 3.0 and me.state["model"]["w"].item() == 3.0
     assert algo.evaluate(algo.init_server_state(model), model, None, None, 10) is None
 
 
@@ -268,7 +268,7 @@ def test_fedfm_lite_upload_round_averages_what_every_client_trained_since_the_mo
         assert ("model" in ups[0]) == (round == 1)
         algo.aggregate(phase, round, state, {name: sums(phase.uplink[name], *(u[name] for u in ups))
                                              for name in phase.uplink})
-        assert state["model.w"].item() == (1.0 if round == 0 else pytest.approx(1.0 + 2 * (0 + 2 + 6 + 12) / 10))
+        assert state["model"]["w"].item() == (1.0 if round == 0 else pytest.approx(1.0 + 2 * (0 + 2 + 6 + 12) / 10))
         assert all(bool(c.state) == (round == 0) for c in clients)       # a local model is kept until it is sent
 
 
@@ -301,7 +301,7 @@ def test_fedfm_lite_clients_send_anchors_of_the_model_they_just_trained():
            for c in clients]
     assert set(ups[0]) == {ANCHORS}
     algo.aggregate(phase, 0, state, {ANCHORS: sums(phase.uplink[ANCHORS], *(u[ANCHORS] for u in ups))})
-    anchors = anchor_state(state)
+    anchors = state[ANCHORS]
     assert anchors["anchors"][:, 0].tolist() == pytest.approx([(2.0 + 9.0) / 2, 4.0])
     assert anchors["known"].tolist() == [1.0, 1.0]
 
@@ -342,7 +342,7 @@ def test_ensemble_clients_vote_with_their_trained_model_on_evaluation_rounds_onl
     assert algo.traits.client_test and not algo.traits.global_model
     assert [bool(p.uplink) for r in range(4) for p in algo.plan(r)] == [False, True, False, True]
     state = algo.init_server_state(_Affine())
-    assert torch.equal(state["probs"], torch.full((2, 2), 0.5))              # no vote yet: uniform
+    assert torch.equal(state["ensemble"]["probs"], torch.full((2, 2), 0.5))              # no vote yet: uniform
     me = client(0)
     me.test_set = torch.tensor([[1.0], [-1.0]]), torch.tensor([0, 0])
     model = _Affine()

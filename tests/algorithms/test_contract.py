@@ -7,8 +7,10 @@ import torch
 from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.algorithms.base import Algorithm, Client, Setup, Traits
+from hpcfl.algorithms.base import Algorithm, Client, Setup, Traits, owned
+from hpcfl.errors import HpcflError
 from hpcfl.jobs import job_from_dict
+from hpcfl.runtime.server import Server
 
 
 class Bare(Algorithm):
@@ -45,6 +47,22 @@ def test_the_global_module_is_the_model_loaded_with_the_server_state():
     assert algorithm.global_module(state, model) is model
     for name, value in server.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
+
+
+class Flat(Bare):
+    """A plug-in written for the flat names of earlier releases."""
+
+    def init_server_state(self, model):
+        return {f"model.{k}": v for k, v in model.state_dict().items()}
+
+
+def test_a_state_of_flat_tensors_is_refused_naming_the_hook_and_the_layout():
+    with pytest.raises(HpcflError, match=r"bare.init_server_state returned \['model.body.0.weight', .*by owner"):
+        Server(Flat(Flat.Params(), _setup()), Net(), torch.zeros(1, 3), torch.zeros(1), 8, "cpu")
+    server = Server(Bare(Bare.Params(), _setup()), Net(), torch.zeros(1, 3), torch.zeros(1), 8, "cpu")
+    assert set(server.state) == {"model"} and set(server.state["model"]) == set(Net().state_dict())
+    with pytest.raises(HpcflError, match=r"init_client_state returned \['control.w'\]"):
+        owned({"control.w": torch.zeros(1), "bn": {}}, "scaffold.init_client_state")
 
 
 def test_setup_describes_the_model():
@@ -91,12 +109,13 @@ def test_a_client_starts_with_nothing_and_takes_back_what_it_kept():
     assert (client.test_set, client.shared, client.normalization, client.state, client.term_state) == (
         None, None, None, {}, {})
     assert client.inputs() is client.x                                # float rows are handed over as they are
-    client.state, client.term_state = {"c": torch.ones(2)}, {"ka": {"anchor": torch.zeros(3)}, "moon": {}}
+    client.state = {"control": {"c": torch.ones(2)}, "bn": {}}
+    client.term_state = {"ka": {"anchor": torch.zeros(3)}, "moon": {}}
     kept = client.kept()
-    assert set(kept) == {"", "ka"}                                    # an empty term state is not sent
+    assert set(kept["algorithm"]) == {"control"} and set(kept["terms"]) == {"ka"}   # an empty owner is not sent
     moved = Client(0, client.x, client.y, client.class_counts)
     moved.keep(kept)
-    assert set(moved.state) == {"c"} and torch.equal(moved.state["c"], torch.ones(2))
+    assert set(moved.state) == {"control"} and torch.equal(moved.state["control"]["c"], torch.ones(2))
     assert set(moved.term_state) == {"ka"} and torch.equal(moved.term_state["ka"]["anchor"], torch.zeros(3))
-    moved.state["other"] = torch.zeros(1)
-    assert "other" not in kept[""]                                     # its own dicts, not the sender's
+    moved.state["control"]["other"] = torch.zeros(1)
+    assert "other" not in kept["algorithm"]["control"]                 # its own dicts, not the sender's

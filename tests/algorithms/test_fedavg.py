@@ -25,17 +25,17 @@ def test_aggregate_is_the_sample_weighted_mean():
     uplink = sums(phase.uplink["model"], *(({"weight": torch.tensor([w]), "bias": torch.tensor([b]), WEIGHT: ONE}, n)
                                           for w, b, n in (([1.0, 1.0], 0.0, 1), ([5.0, 9.0], 4.0, 3))))
     algo.aggregate(phase, 0, state, {"model": uplink})
-    assert torch.allclose(state["model.weight"], torch.tensor([[4.0, 7.0]]))   # (1*1 + 3*5)/4, (1*1 + 3*9)/4
-    assert torch.allclose(state["model.bias"], torch.tensor([3.0]))            # (0 + 3*4)/4
+    assert torch.allclose(state["model"]["weight"], torch.tensor([[4.0, 7.0]]))   # (1*1 + 3*5)/4, (1*1 + 3*9)/4
+    assert torch.allclose(state["model"]["bias"], torch.tensor([3.0]))            # (0 + 3*4)/4
 
 
 def test_no_contribution_keeps_the_model():
     model = nn.Linear(2, 1)
     algo = make("fedavg", model)
     phase, state = algo.plan(0)[0], algo.init_server_state(model)
-    before = {k: v.clone() for k, v in state.items()}
+    before = {k: v.clone() for k, v in state["model"].items()}
     algo.aggregate(phase, 0, state, {"model": sums(phase.uplink["model"])})
-    assert all(torch.equal(before[k], state[k]) for k in state)
+    assert all(torch.equal(before[k], state["model"][k]) for k in state["model"])
 
 
 @pytest.mark.parametrize("params", [None, {"init": "shared"}])
@@ -69,9 +69,9 @@ def test_batchnorm_weights_and_running_statistics_are_averaged():
         return tensors, n
     algo.aggregate(phase, 0, state, {"model": sums(phase.uplink["model"], upload([1.0, 2.0], 3, 1),
                                                    upload([5.0, 6.0], 6, 3))})
-    assert torch.allclose(state["model.1.running_mean"], torch.tensor([4.0, 5.0]))
-    assert state["model.1.num_batches_tracked"].dtype == torch.long
-    assert state["model.1.num_batches_tracked"].item() == 5            # round((3 + 18) / 4)
+    assert torch.allclose(state["model"]["1.running_mean"], torch.tensor([4.0, 5.0]))
+    assert state["model"]["1.num_batches_tracked"].dtype == torch.long
+    assert state["model"]["1.num_batches_tracked"].item() == 5            # round((3 + 18) / 4)
 
 
 def test_local_batchnorm_policy_keeps_each_clients_own_layers():
@@ -80,8 +80,8 @@ def test_local_batchnorm_policy_keeps_each_clients_own_layers():
     received = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
     me = client()
     algo.client_update(algo.plan(0)[0], 0, me, {"model": received}, model, StepTrainer(target=2.0))
-    assert torch.equal(me.state["bn.1.weight"], torch.full((2,), 2.0))     # kept after training
-    assert "bn.0.weight" not in me.state                                   # only BatchNorm layers
+    assert torch.equal(me.state["bn"]["1.weight"], torch.full((2,), 2.0))     # kept after training
+    assert "0.weight" not in me.state["bn"]                                  # only BatchNorm layers
     algo.start_from(model, me, received)                                   # next round: own BN, received rest
     assert torch.equal(model[1].weight.detach(), torch.full((2,), 2.0))
     assert torch.equal(model[0].weight.detach(), torch.zeros(2, 2))

@@ -10,7 +10,7 @@ import torch
 from algorithms.helpers import client, make, sums
 from torch import nn
 
-from hpcfl.algorithms.anchors import ANCHORS, anchor_state
+from hpcfl.algorithms.anchors import ANCHORS
 from hpcfl.algorithms.base import WEIGHT, Client
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
@@ -50,21 +50,21 @@ def _state(value):
 def test_only_the_classifier_travels_and_is_averaged_by_samples():
     algo = make("fedclassavg", Tiny())
     server = algo.init_server_state(Tiny(0.5))
-    assert sorted(server) == ["model.classifier.bias", "model.classifier.weight"]     # no feature extractor
+    assert sorted(server["model"]) == ["classifier.bias", "classifier.weight"]     # no feature extractor
     phase = algo.plan(0)[0]
     down = algo.downlink(phase, 0, server)
     a, b = client(0, samples=1), client(1, samples=3)
     for me, own in ((a, 1.0), (b, 2.0)):
         algo.init_client_state(me, Tiny())
-        me.state = {f"model.{k}": v for k, v in _state(own).items()}          # each client's own model
+        me.state = {"model": _state(own)}         # each client's own model
     trainer = StepTrainer(shift=0.25)
     ups = [algo.client_update(phase, 0, me, down, Tiny(), trainer)[0] for me in (a, b)]
     for me, own in ((a, 1.0), (b, 2.0)):       # the extractor is the client's own, trained and kept
-        assert torch.equal(me.state["model.body.weight"], torch.full((2, 2), own + 0.25))
-        assert torch.equal(me.state["model.classifier.bias"], torch.full((2,), 0.5 + 0.25))   # started from global
+        assert torch.equal(me.state["model"]["body.weight"], torch.full((2, 2), own + 0.25))
+        assert torch.equal(me.state["model"]["classifier.bias"], torch.full((2,), 0.5 + 0.25))   # started from global
     assert sorted(ups[0]["shared"][0]) == [WEIGHT, "classifier.bias", "classifier.weight"]
     algo.aggregate(phase, 0, server, {"shared": sums(phase.uplink["shared"], ups[0]["shared"], ups[1]["shared"])})
-    assert torch.allclose(server["model.classifier.weight"], torch.full((2, 2), 0.75))
+    assert torch.allclose(server["model"]["classifier.weight"], torch.full((2, 2), 0.75))
     assert [type(t).__name__ for t in trainer.terms] == ["SupCon", "Prox"]
     assert trainer.terms[1].params.scope == "classifier" and trainer.terms[1].params.reduction == "mean"
 
@@ -151,9 +151,9 @@ def test_fedproto_trains_towards_the_global_prototypes_and_sends_class_sums():
     other = {"sums": torch.tensor([[0.0, 0.0], [0.0, 3.0]], dtype=torch.float64),
              "counts": torch.tensor([0.0, 1.0], dtype=torch.float64)}
     algo.aggregate(phase, 0, server, {ANCHORS: sums(phase.uplink[ANCHORS], up[ANCHORS], (other, 1.0))})
-    assert torch.allclose(server["anchors.anchors"], torch.tensor([[1.0, 1.0], [1.0, 2.0]]))
+    assert torch.allclose(server[ANCHORS]["anchors"], torch.tensor([[1.0, 1.0], [1.0, 2.0]]))
     term = algo.terms[0]
-    term.start(None, me, 1, {ANCHORS: anchor_state(server)})
+    term.start(None, me, 1, {ANCHORS: server[ANCHORS]})
     features = torch.tensor([[2.0, 1.0], [1.0, 2.0]])
     # class 0: (1, 0) off its prototype, class 1: on it -> MSE = 1 / 4, times lambda = 2
     assert term.loss(None, None, torch.tensor([0, 1]), features, None).item() == pytest.approx(0.5)
@@ -227,7 +227,7 @@ def test_warm_up_runs_once_per_client_keyed_by_the_client_and_uploads_nothing():
     algo = make("fedclassavg", _net(0), {**AUTHORS, "warmup_epochs": 1}, num_clients=4, train=TRAIN)
     initial = {k: v.clone() for k, v in _net(0).state_dict().items()}
     server = algo.init_server_state(_net(5))            # a global classifier unlike the clients' initial one
-    classifier = {n: server[f"model.{n}"].clone() for n in ("classifier.weight", "classifier.bias")}
+    classifier = {n: server["model"][n].clone() for n in ("classifier.weight", "classifier.bias")}
     phase = algo.plan(0)[0]
     kept = {}
     for torch_state in (11, 12):                        # two "workers": torch's global generator plays no part
@@ -238,7 +238,7 @@ def test_warm_up_runs_once_per_client_keyed_by_the_client_and_uploads_nothing():
         for round in (3, 6):                            # first sampled in round 3, then in round 6
             up, _ = algo.client_update(phase, round, me, algo.downlink(phase, round, server), _net(9), trainer)
             sent = {n: up["shared"][0][n] for n in classifier}
-        kept[torch_state] = {k[len("model."):]: v for k, v in me.state.items() if k.startswith("model.")}
+        kept[torch_state] = me.state["model"]
     expected = _by_hand(initial, classifier, me, normalization, rounds=(3, 6))
     for state in kept.values():
         assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in expected)
@@ -249,7 +249,7 @@ def test_warm_up_runs_once_per_client_keyed_by_the_client_and_uploads_nothing():
     me, normalization = _digits_client(2, 96)
     plain.init_client_state(me, _net(0))
     plain.client_update(phase, 3, me, plain.downlink(phase, 3, server), _net(9), trainer)
-    assert not torch.equal(me.state["model.fc.0.weight"], once["fc.0.weight"])          # the warm-up acts
+    assert not torch.equal(me.state["model"]["fc.0.weight"], once["fc.0.weight"])          # the warm-up acts
 
 
 def test_warm_up_parameters_are_checked():
@@ -323,7 +323,7 @@ def test_fedproto_skips_classes_without_a_prototype_keeps_each_clients_model_and
     for round in range(2):                           # the client's own model carries over: 1 -> 1.5 -> 2
         model = Tiny(-9.0)
         algo.client_update(phase, round, me, algo.downlink(phase, round, server), model, StepTrainer(shift=0.5))
-    assert torch.equal(me.state["model.classifier.bias"], torch.full((2,), 2.0))
+    assert torch.equal(me.state["model"]["classifier.bias"], torch.full((2,), 2.0))
 
 
 @pytest.mark.parametrize("data, ok", [({}, False), ({"validation_fraction": 0.2}, True),

@@ -15,7 +15,6 @@ from hpcfl.algorithms.base import Client
 from hpcfl.algorithms.fedcme import (
     EVALUATION,
     FEATURES,
-    OWN,
     PARTNERS,
     FeatureAlignment,
     FedCME,
@@ -91,7 +90,7 @@ def test_mu_0_adds_no_term_but_still_collects_the_local_features():
     assert term.loss(None, None, LABELS_BATCH, FEATURES_BATCH, None) is None
     term.finish(None, me)
     assert me.term_state["fa"]["counts"].tolist() == [2.0, 1.0, 1.0, 0.0]
-    assert set(me.kept()) == {"", "fa"} and not me.state        # its own namespace, not the algorithm's
+    assert set(me.kept()["terms"]) == {"fa"} and not me.kept()["algorithm"]    # its own, not the algorithm's
 
 
 class Two(nn.Module):
@@ -114,13 +113,14 @@ def test_the_swap_gives_each_partner_exactly_the_others_classifier():
     assert swap.exchange.names == ("classifier.weight", "classifier.bias")
     clients = {c: client(c) for c in range(4)}
     for c, me in clients.items():
-        me.state = {OWN + n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}
-    algo.sources = {0: 3, 3: 0, 1: 2, 2: 1}
+        me.state = {"half": {n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}}
+    sources = algo.exchange_sources(0, {PARTNERS: {"source": torch.tensor([3.0, 2.0, 1.0, 0.0])}})
+    assert sources == {0: 3, 3: 0, 1: 2, 2: 1}
     worker = Worker(algo, clients, {"": Two()}, None, "cpu", 2, 10)
-    worker.exchange(swap, 0, [0, 1, 2, 3], LocalTransport({c: 0 for c in range(4)}))
-    for c, partner in algo.sources.items():
-        assert torch.equal(clients[c].state[OWN + "classifier.weight"], torch.full((2, 2), float(partner)))
-        assert torch.equal(clients[c].state[OWN + "body.weight"], torch.full((2, 1), float(c)))   # kept
+    worker.exchange(swap, 0, [0, 1, 2, 3], LocalTransport({c: 0 for c in range(4)}), sources)
+    for c, partner in sources.items():
+        assert torch.equal(clients[c].state["half"]["classifier.weight"], torch.full((2, 2), float(partner)))
+        assert torch.equal(clients[c].state["half"]["body.weight"], torch.full((2, 1), float(c)))   # kept
 
 
 # -- the evaluation vector (eq. 4) -----------------------------------------------------------------
@@ -236,23 +236,25 @@ def _round(server, side, clients, state, round, trainer):
     and its state after the phase, and the partners payload as "partners"."""
     job = server.setup.job
     cohort = [int(c) for c in cohort_schedule(SEED, job.run.rounds, len(clients), job.train.clients_per_round)[round]]
-    model, out = Two(classes=3), {}
+    model, out, downlink = Two(classes=3), {}, {}          # downlink: the round's broadcasts so far
     for phase in server.plan(round):
         if isinstance(phase, SwapPhase):
             worker = Worker(side, clients, {"": model}, trainer, "cpu", 3, 2)
-            worker.exchange(phase, round, cohort, LocalTransport({c: 0 for c in clients}))
+            out["sources"] = side.exchange_sources(round, downlink)
+            worker.exchange(phase, round, cohort, LocalTransport({c: 0 for c in clients}), out["sources"])
             continue
         payloads = server.downlink(phase, round, state) if phase.downlink else {}
-        downlink = {n: layout.unpack(layout.pack(payloads[n], dtype=torch.float32))
-                    for n, layout in phase.downlink.items()}
-        if PARTNERS in downlink:
+        downlink.update({n: layout.unpack(layout.pack(payloads[n], dtype=torch.float32))
+                         for n, layout in phase.downlink.items()})
+        if PARTNERS in phase.downlink:
             out[PARTNERS] = downlink[PARTNERS]["source"].tolist()
         side.receive(phase, round, downlink)
         updates = {}
         for c in cohort:             # the contributions hold the shared model's tensors: copied at once
             contributions, metrics = side.client_update(phase, round, clients[c], downlink, model, trainer)
             updates[c] = {n: ({k: v.clone() for k, v in t.items()}, w) for n, (t, w) in contributions.items()}, metrics
-        out[phase.name] = {c: (*updates[c], {k: v.clone() for k, v in clients[c].state.items()}) for c in cohort}
+        out[phase.name] = {c: (*updates[c], {o: {k: v.clone() for k, v in t.items()}
+                                             for o, t in clients[c].state.items()}) for c in cohort}
         if phase.uplink:
             server.aggregate(phase, round, state, {n: sums(layout, *(updates[c][0][n] for c in cohort))
                                                    for n, layout in phase.uplink.items()})
@@ -262,9 +264,10 @@ def _round(server, side, clients, state, round, trainer):
 def _stale():
     """What a client dropped for a non-finite second half keeps (train.on_nonfinite = "drop" gives it
     back its state of before that phase): the next round it is sampled must not see any of it."""
-    return {"": {OWN + "#loss": torch.tensor([50.0, 1.0]), OWN + "classifier.bias": torch.full((3,), 9.0)},
-            "fa": {"sums": torch.full((3, 2), 9.0, dtype=torch.float64),
-                   "counts": torch.full((3,), 9.0, dtype=torch.float64)}}
+    return {"algorithm": {"half_loss": {"sum": torch.tensor([50.0, 1.0])},
+                          "half": {"classifier.bias": torch.full((3,), 9.0)}},
+            "terms": {"fa": {"sums": torch.full((3, 2), 9.0, dtype=torch.float64),
+                             "counts": torch.full((3,), 9.0, dtype=torch.float64)}}}
 
 
 def _sent(update):
@@ -282,35 +285,36 @@ def _close(tensor, expected):
 def test_two_rounds_by_hand_the_evaluation_vectors_and_features_of_round_0_drive_round_1():
     server, side, state = _fedcme({})
     clients, trainer = _clients(), EpochTrainer()
-    assert state[f"{EVALUATION}.vectors"].tolist() == [[1.0] * 3] * 6            # never evaluated
+    assert state[EVALUATION]["vectors"].tolist() == [[1.0] * 3] * 6            # never evaluated
     clients[3].keep(_stale())                                    # the numbers below are a clean start's
     assert [p.name for p in server.plan(0)] == ["first", "swap", "second"]
 
     # round 0, cohort 0..4: all vectors tie, so pairs in cohort order (0, 1), (2, 3); 4 trains alone
     out = _round(server, side, clients, state, 0, trainer)
     assert out[PARTNERS] == [1, 0, 3, 2, -1, -1]
-    assert side.exchange_sources(0) == {0: 1, 1: 0, 2: 3, 3: 2}
+    assert out["sources"] == {0: 1, 1: 0, 2: 3, 3: 2}
     contributions, metrics, held = out["first"][0]
     assert contributions == {} and metrics == {}                 # the half-trained model stays on the client
-    assert held[OWN + "body.bias"].tolist() == [0.0, 1.0] and held[OWN + "classifier.bias"].tolist() == [2.0, 0.0, 0.0]
-    assert held[OWN + "#loss"].tolist() == [1.0 * 2, 2.0]       # loss x steps, steps
+    half = held["half"]
+    assert half["body.bias"].tolist() == [0.0, 1.0] and half["classifier.bias"].tolist() == [2.0, 0.0, 0.0]
+    assert held["half_loss"]["sum"].tolist() == [1.0 * 2, 2.0]       # loss x steps, steps
     # epoch 1 on the partner's classifier: bias (0, 2 s_k), classifier weight s_j + s_k, bias 2 e_fav(j) + e_fav(k)
     assert [_sent(out["second"][k]) for k in range(5)] == [
         (2.0, 3.0, [1.0, 2.0, 0.0], 3.0), (4.0, 3.0, [2.0, 1.0, 0.0], 2.0), (6.0, 7.0, [2.0, 0.0, 1.0], 4.0),
         (8.0, 7.0, [1.0, 0.0, 2.0], 3.0), (10.0, 10.0, [0.0, 3.0, 0.0], 1.0)]
     assert all(out["second"][k][1] == {"train_loss": (1.0 * 2 + 2.0 * 2) / 4, "steps": 4.0} for k in range(5))
-    assert all(clients[k].kept() == {"": {}} for k in range(6))  # nothing of the round is kept
+    assert all(clients[k].kept() == {"algorithm": {}, "terms": {}} for k in range(6))  # nothing of the round is kept
     assert [trainer.losses(0, k) for k in range(5)] == [[[0.0], [0.0]]] * 5     # no global feature yet: no pull
     # FedAvg over 3 + 2 + 4 + 3 + 1 = 13 samples
-    assert _close(state["model.body.weight"], [[1.0], [0.0]]) and _close(state["model.body.bias"], [0.0, 72 / 13])
-    assert _close(state["model.classifier.weight"], [[74 / 13] * 2] * 3)
-    assert _close(state["model.classifier.bias"], [18 / 13, 11 / 13, 10 / 13])
+    assert _close(state["model"]["body.weight"], [[1.0], [0.0]]) and _close(state["model"]["body.bias"], [0.0, 72 / 13])
+    assert _close(state["model"]["classifier.weight"], [[74 / 13] * 2] * 3)
+    assert _close(state["model"]["classifier.bias"], [18 / 13, 11 / 13, 10 / 13])
     # features (y, 0) in epoch 0 and (y, s_k) in epoch 1: client means (c, s_k / 2), averaged over holders
-    assert _close(state[f"{FEATURES}.anchors"], [[0.0, (0.5 + 1.5 + 2.0) / 3], [1.0, (0.5 + 1.0 + 2.0) / 3],
+    assert _close(state[FEATURES]["anchors"], [[0.0, (0.5 + 1.5 + 2.0) / 3], [1.0, (0.5 + 1.0 + 2.0) / 3],
                                                   [2.0, (1.0 + 1.5 + 2.0 + 2.5) / 4]])
-    assert state[f"{FEATURES}.known"].tolist() == [1.0, 1.0, 1.0]
+    assert state[FEATURES]["known"].tolist() == [1.0, 1.0, 1.0]
     # predictions: 0 -> 1, 1 -> 0, 2 -> 0, 3 -> 2, 4 -> 1 (its own); client 5 was not sampled
-    assert state[f"{EVALUATION}.vectors"].tolist() == [[0, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 1], [0, 0, 0], [1, 1, 1]]
+    assert state[EVALUATION]["vectors"].tolist() == [[0, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 1], [0, 0, 0], [1, 1, 1]]
 
     # round 1, cohort 0, 1, 2, 4, 5: similarities to the mean (.4, .4, .2) rank 1, 4 (zero vectors), 0, 2, 5;
     # 1 takes 4 (all 0, first), 0 takes 2 (cos 0 < .58 with 5), and 5 trains alone
@@ -323,15 +327,16 @@ def test_two_rounds_by_hand_the_evaluation_vectors_and_features_of_round_0_drive
     assert trainer.losses(1, 0) == [[pytest.approx(0.5 * ((g - anchor[0]) ** 2 + (g - anchor[1]) ** 2))],
                                     [pytest.approx(0.5 * ((g + 1 - anchor[0]) ** 2 + (g + 1 - anchor[1]) ** 2))]]
     # FedAvg over 3 + 2 + 4 + 1 + 2 = 12 samples of global + own and partner's updates
-    assert _close(state["model.body.bias"], [0.0, g + (3 * 2 + 2 * 4 + 4 * 6 + 1 * 10 + 2 * 12) / 12])
-    assert _close(state["model.classifier.weight"], [[74 / 13 + (3 * 4 + 2 * 7 + 4 * 4 + 1 * 7 + 2 * 12) / 12] * 2] * 3)
-    assert _close(state["model.classifier.bias"], [18 / 13 + 11 / 12, 11 / 13 + 9 / 12, 10 / 13 + 16 / 12])
+    assert _close(state["model"]["body.bias"], [0.0, g + (3 * 2 + 2 * 4 + 4 * 6 + 1 * 10 + 2 * 12) / 12])
+    assert _close(state["model"]["classifier.weight"],
+                  [[74 / 13 + (3 * 4 + 2 * 7 + 4 * 4 + 1 * 7 + 2 * 12) / 12] * 2] * 3)
+    assert _close(state["model"]["classifier.bias"], [18 / 13 + 11 / 12, 11 / 13 + 9 / 12, 10 / 13 + 16 / 12])
     # client means (c, g + s_k / 2); a client lacking class c sends round 0's global feature (eq. 6's memory)
-    assert _close(state[f"{FEATURES}.anchors"], [[0.0, (3 * g + 0.5 + 1.5 + 3.0 + 2 * anchor[0]) / 5],
+    assert _close(state[FEATURES]["anchors"], [[0.0, (3 * g + 0.5 + 1.5 + 3.0 + 2 * anchor[0]) / 5],
                                                   [1.0, (3 * g + 0.5 + 1.0 + 3.0 + 2 * anchor[1]) / 5],
                                                   [2.0, (3 * g + 1.0 + 1.5 + 2.5 + 2 * anchor[2]) / 5]])
     # predictions: 0 -> 2, 1 -> 1, 2 -> 0, 4 -> 1, 5 -> 2; client 3 keeps round 0's vector
-    assert state[f"{EVALUATION}.vectors"].tolist() == [[0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 0]]
+    assert state[EVALUATION]["vectors"].tolist() == [[0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 0]]
 
 
 @pytest.mark.parametrize("params, phases, swapped, sources, sent, class_0", [
@@ -362,7 +367,7 @@ def test_ablations_swap_what_they_name_with_whom_they_match(params, phases, swap
     assert [_sent(last[k])[:3] for k in range(5)] == [(float(b), float(w), [float(v) for v in c]) for b, w, c in sent]
     loss = 1.0 if params.get("exchange") == "none" else (1.0 * 2 + 2.0 * 2) / 4
     assert all(last[k][1] == {"train_loss": loss, "steps": 4.0} for k in range(5))
-    assert _close(state[f"{FEATURES}.anchors"][0], [0.0, class_0])
+    assert _close(state[FEATURES]["anchors"][0], [0.0, class_0])
 
 
 def test_one_local_epoch_swaps_before_training():
@@ -371,7 +376,7 @@ def test_one_local_epoch_swaps_before_training():
     server, side, state = _fedcme({}, epochs=1)
     clients, trainer = _clients(), EpochTrainer(steps=1)
     out = _round(server, side, clients, state, 0, trainer)
-    assert out["first"][0][2][OWN + "#loss"].tolist() == [0.0, 0.0]
+    assert out["first"][0][2]["half_loss"]["sum"].tolist() == [0.0, 0.0]
     assert [(r, c, e) for r, c, e, _ in trainer.log] == [(0, k, 0) for k in range(5)]
     assert [_sent(out["second"][k]) for k in (0, 4)] == [(1.0, 1.0, [2.0, 0.0, 0.0], 3.0),
                                                          (5.0, 5.0, [0.0, 2.0, 0.0], 1.0)]
@@ -413,8 +418,8 @@ def test_a_round_of_sgd_is_equations_8_to_10_with_the_classifier_swapped_halfway
     server, side = (make("fedcme", net, {"mu": MU}, num_clients=2, classes=3, train=train) for _ in range(2))
     state = server.init_server_state(net)
     anchors, known = torch.tensor([[0.2, -0.1], [0.0, 0.0], [-0.3, 0.4]]), torch.tensor([1.0, 0.0, 1.0])
-    state[f"{FEATURES}.anchors"].copy_(anchors)
-    state[f"{FEATURES}.known"].copy_(known)
+    state[FEATURES]["anchors"].copy_(anchors)
+    state[FEATURES]["known"].copy_(known)
     data = {0: (torch.tensor([[0.5], [-1.0], [2.0]]), torch.tensor([0, 1, 1])),
             1: (torch.tensor([[1.5], [0.3]]), torch.tensor([2, 0]))}
     clients = {k: Client(k, x, y, np.bincount(y, minlength=3)) for k, (x, y) in data.items()}
@@ -431,12 +436,12 @@ def test_a_round_of_sgd_is_equations_8_to_10_with_the_classifier_swapped_halfway
         counts = torch.bincount(data[k][1], minlength=3).double()[:, None] * 4
         means[k] = (half[k][1] + seen) / counts.clamp(min=1)
     for n in start:                                   # 3 and 2 samples
-        assert torch.allclose(state[f"model.{n}"].double(), (3 * finals[0][n] + 2 * finals[1][n]) / 5, rtol=1e-5,
+        assert torch.allclose(state["model"][n].double(), (3 * finals[0][n] + 2 * finals[1][n]) / 5, rtol=1e-5,
                               atol=1e-6)
     # class 0: both clients; class 1: client 0 only (not known before); class 2: client 1 and, for
     # client 0 that lacks it, the known global feature
     expected = torch.stack([(means[0][0] + means[1][0]) / 2, means[0][1], (means[1][2] + anchors[2].double()) / 2])
-    assert torch.allclose(state[f"{FEATURES}.anchors"].double(), expected, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(state[FEATURES]["anchors"].double(), expected, rtol=1e-5, atol=1e-6)
 
 
 # -- configuration ------------------------------------------------------------------------------------

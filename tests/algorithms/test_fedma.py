@@ -42,7 +42,7 @@ def _fedma(net, counts, **params):
 
 def _client(cid, state, counts):
     client = Client(cid, torch.zeros(0), torch.zeros(0, dtype=torch.long), counts[cid])
-    client.state = {f"model.{k}": v.clone() for k, v in state.items()}
+    client.state = {"model": {k: v.clone() for k, v in state.items()}}
     return client
 
 
@@ -88,7 +88,7 @@ def test_a_network_and_its_permuted_copy_match_back_to_the_network(name, shape, 
         assert torch.equal(replies[f"match_{layer.name}"][0], torch.arange(len(perm)))
         assert torch.equal(replies[f"match_{layer.name}"][1], torch.argsort(perm))   # copy's unit m is unit perm^-1[m]
     for key, value in net.state_dict().items():
-        torch.testing.assert_close(server_state[f"model.{key}"], value, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(server_state["model"][key], value, rtol=1e-5, atol=1e-5)
     x = torch.randint(0, classes, (4, *shape)) if len(shape) == 1 else torch.randn(4, *shape)
     torch.testing.assert_close(algorithm.global_module(server_state, net)(x), net(x), rtol=1e-4, atol=1e-3)
     assert algorithm.server_metrics(server_state)["growth_rate"] == pytest.approx(1.0)
@@ -114,8 +114,8 @@ def test_the_last_layer_is_averaged_per_class_by_each_clients_share_of_the_class
     shared, replies = algorithm.match(last, 0, server_state, {0: a.reshape(-1), 1: b.reshape(-1)})
     assert shared.numel() == 0 and all(r.numel() == 0 for r in replies.values())   # nothing goes back down
     expected = torch.stack([0.75 * a[0] + 0.25 * b[0], 0.5 * a[1] + 0.5 * b[1], 0.5 * a[2] + 0.5 * b[2]])
-    torch.testing.assert_close(server_state["model.classifier.weight"], expected[:, :2].float())
-    torch.testing.assert_close(server_state["model.classifier.bias"], expected[:, 2].float())
+    torch.testing.assert_close(server_state["model"]["classifier.weight"], expected[:, :2].float())
+    torch.testing.assert_close(server_state["model"]["classifier.bias"], expected[:, 2].float())
 
 
 def test_a_class_with_one_sample_in_the_federation_takes_its_holders_row():
@@ -124,8 +124,8 @@ def test_a_class_with_one_sample_in_the_federation_takes_its_holders_row():
     a, b = torch.arange(9, dtype=torch.float64).reshape(3, 3), 10 + torch.arange(9, dtype=torch.float64).reshape(3, 3)
     server_state = algorithm.init_server_state(Tiny())
     algorithm.match(algorithm.plan(0)[-1], 0, server_state, {0: a.reshape(-1), 1: b.reshape(-1)})
-    torch.testing.assert_close(server_state["model.classifier.weight"][2], a[2, :2].float())
-    torch.testing.assert_close(server_state["model.classifier.bias"][2], a[2, 2].float())
+    torch.testing.assert_close(server_state["model"]["classifier.weight"][2], a[2, :2].float())
+    torch.testing.assert_close(server_state["model"]["classifier.bias"][2], a[2, 2].float())
 
 
 def test_one_shot_lenets_kept_apart_give_the_class_share_weighted_sum_of_the_clients_logits():
@@ -137,11 +137,11 @@ def test_one_shot_lenets_kept_apart_give_the_class_share_weighted_sum_of_the_cli
     torch.manual_seed(0)
     template = build_model("lenet", (1, 16, 16), 10).eval()
     algorithm = _fedma(template, counts, sigma=1e-6, sweeps=1, max_width=2000, retrain=False)
-    clients = [_client(c, {k[len("model."):]: v for k, v in algorithm.init_client_state(client(c), template).items()},
-                        counts) for c in range(3)]                                   # independent initialisations
+    clients = [_client(c, algorithm.init_client_state(client(c), template)["model"], counts)
+               for c in range(3)]                                                  # independent initialisations
     locals_ = [copy.deepcopy(template) for _ in clients]
     for model, c in zip(locals_, clients, strict=True):
-        model.load_state_dict(algorithm._own(c))
+        model.load_state_dict(c.state["model"])
     server_state, _ = _match_all(algorithm, clients, template)
     assert algorithm.widths == [60, 150, 1500, 10]
     x = torch.randn(8, 1, 16, 16)
@@ -166,7 +166,7 @@ def test_one_shot_matching_beats_coordinate_wise_averaging_of_the_same_local_mod
         client.state = algorithm.init_client_state(client, template)          # independent initialisations
         algorithm.client_update(algorithm.plan(0)[0], 0, client, {}, algorithm.client_model(client, template), trainer)
         clients.append(client)
-    local = [{k[len("model."):]: v.clone() for k, v in c.state.items() if k.startswith("model.")} for c in clients]
+    local = [{k: v.clone() for k, v in c.state["model"].items()} for c in clients]
     assert not torch.equal(local[0]["conv.0.weight"], local[1]["conv.0.weight"])
     averaged = copy.deepcopy(template)
     averaged.load_state_dict({k: sum(s[k] for s in local) / len(local) for k in local[0]})
@@ -253,14 +253,14 @@ def test_the_last_layer_is_retrained_alone_at_a_tenth_of_the_lr_for_three_times_
                                              trainer)
         assert trained["steps"] == 4
         clients.append(client)
-    before = {k: v.clone() for k, v in clients[0].state.items()}
+    before = {"model": {k: v.clone() for k, v in clients[0].state["model"].items()}}
     metrics = {}
     _match_all(algorithm, clients, net, trainer=trainer, metrics=metrics)
     assert [m["steps"] for m in metrics["match_fc1"]] == [8, 8]                 # fc2 and classifier: 2 epochs
     assert [m["steps"] for m in metrics["match_fc2"]] == [last_steps] * 2       # the classifier alone
     assert metrics["match_classifier"] == [{}, {}]
     assert trainer.lrs == pytest.approx([0.05] * 4 + [last_lr] * 2)
-    assert not torch.equal(clients[0].state["model.classifier.weight"], before["model.classifier.weight"])
+    assert not torch.equal(clients[0].state["model"]["classifier.weight"], before["model"]["classifier.weight"])
 
 
 def test_retraining_parameters_are_checked():
@@ -291,7 +291,7 @@ def test_fedmas_baselines_start_each_client_from_its_fedma_initialisation(name, 
     net = MLP()
     shared = {k: v.clone() for k, v in net.state_dict().items()}
     fedma = make("fedma", net, {}, train={"clients_per_round": 4}, run={"seed": 5})
-    fedmas = [{k[len("model."):]: v for k, v in fedma.init_client_state(client(cid), net).items()} for cid in (0, 1)]
+    fedmas = [fedma.init_client_state(client(cid), net)["model"] for cid in (0, 1)]
     starts = {}
     for init in ("independent", "shared"):
         algo = make(name, net, {**params, "init": init}, train=train, run={"seed": 5})
@@ -336,15 +336,15 @@ def test_retraining_after_a_matched_layer_keeps_it_and_those_before_as_matched_a
         shared, replies = algorithm.match(phase, 0, server_state, gathered)
         algorithm.receive(phase, 0, {MATCHED: {"global": shared}})
         for c in clients:
-            installed = algorithm._install(algorithm._own(c), i, shared, replies[c.id].long())
+            installed = algorithm._install(c.state["model"], i, shared, replies[c.id].long())
             received = {MATCHED: {"global": shared, "reply": replies[c.id]}}
             algorithm.client_update(phase, 0, c, received, algorithm.client_model(c, net), trainer)
             for layer in algorithm.layers[:i + 1]:                 # matched: frozen while the rest retrains
                 for p in layer.params:
-                    torch.testing.assert_close(c.state[f"model.{p.key}"], server_state[f"model.{p.key}"])
+                    torch.testing.assert_close(c.state["model"][p.key], server_state["model"][p.key])
             for layer in algorithm.layers[i + 1:]:                 # the layers after it did retrain
-                key = f"model.{layer.params[0].key}"
-                assert not torch.equal(c.state[key], installed[layer.params[0].key]), (phase.name, key)
+                key = layer.params[0].key
+                assert not torch.equal(c.state["model"][key], installed[key]), (phase.name, key)
 
 
 def test_a_client_starts_a_round_from_the_global_model_cut_to_its_own_neurons():
@@ -386,9 +386,9 @@ def test_independent_lstms_kept_apart_keep_each_ones_hidden_to_hidden_weights_in
     torch.manual_seed(0)
     template = CharLSTM((6,), 12, embed_dim=3, hidden=5).eval()
     algorithm = _fedma(template, counts, sigma=1e-6, sweeps=1, retrain=False)
-    clients = [_client(c, {k[len("model."):]: v for k, v in algorithm.init_client_state(client(c), template).items()},
+    clients = [_client(c, algorithm.init_client_state(client(c), template)["model"],
                        counts) for c in range(2)]
-    own_hh = [c.state["model.lstm.weight_hh_l0"].double() for c in clients]
+    own_hh = [c.state["model"]["lstm.weight_hh_l0"].double() for c in clients]
     server_state, replies = _match_all(algorithm, clients, template)
     count = algorithm.widths[1]
     assert algorithm.widths[:2] == [6, 10]
@@ -397,9 +397,9 @@ def test_independent_lstms_kept_apart_keep_each_ones_hidden_to_hidden_weights_in
         units = replies["match_lstm"][c.id].long()
         for gate in range(4):
             expected[(gate * count + units)[:, None], units[None, :]] = hh[gate * 5:(gate + 1) * 5]
-    torch.testing.assert_close(server_state["model.lstm.weight_hh_l0"].double(), expected)
+    torch.testing.assert_close(server_state["model"]["lstm.weight_hh_l0"].double(), expected)
     for c in clients:                                            # each client installed the global layer
-        torch.testing.assert_close(c.state["model.lstm.weight_hh_l0"], server_state["model.lstm.weight_hh_l0"])
+        torch.testing.assert_close(c.state["model"]["lstm.weight_hh_l0"], server_state["model"]["lstm.weight_hh_l0"])
     x = torch.randint(0, 12, (3, 6))
     assert algorithm.global_module(server_state, template)(x).shape == (3, 12)
 

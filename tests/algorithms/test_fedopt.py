@@ -63,18 +63,19 @@ def test_three_rounds_from_nonzero_moments_follow_algorithm_2(name):
     params = {**PARAMS, **({} if name == "fedadagrad" else {"beta2": 0.95})}
     algo = make(name, _Pair(), params)
     state = algo.init_server_state(_Pair())
-    state["moment1.w"].copy_(torch.tensor(M0))
-    state["moment2.w"].copy_(torch.tensor(V0))
+    state["moment1"]["w"].copy_(torch.tensor(M0))
+    state["moment2"]["w"].copy_(torch.tensor(V0))
     phase = algo.plan(1)[0]
     for round, (cohort, (x, m, v)) in enumerate(zip(ROUNDS, _by_hand(name, 0.95), strict=True)):
         ups = [({"w": torch.tensor(w), "stat": torch.tensor(stat), WEIGHT: ONE}, weight) for w, stat, weight in cohort]
         algo.aggregate(phase, round + 1, state, {"model": sums(phase.uplink["model"], *ups)})
-        for key, expected in (("model.w", x), ("moment1.w", m), ("moment2.w", v)):
+        for key, expected in (("model", x), ("moment1", m), ("moment2", v)):
             # float32 state against float64: apart by float32 rounding alone
-            np.testing.assert_allclose(state[key].numpy(), expected, rtol=1e-5, atol=1e-7, err_msg=f"{key} {round}")
+            np.testing.assert_allclose(state[key]["w"].numpy(), expected, rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{key} {round}")
         stats = np.array([c[1] for c in cohort]), np.array([c[2] for c in cohort], dtype=float)
-        assert state["model.stat"].item() == pytest.approx((stats[0] * stats[1]).sum() / stats[1].sum())
-    assert "moment1.stat" not in state and "moment2.stat" not in state          # buffers take the mean
+        assert state["model"]["stat"].item() == pytest.approx((stats[0] * stats[1]).sum() / stats[1].sum())
+    assert "stat" not in state["moment1"] and "stat" not in state["moment2"]          # buffers take the mean
 
 
 @pytest.mark.parametrize("name, eta, beta1", [("fedadagrad", 0.01, 0.0), ("fedadam", 0.01, 0.9),
@@ -86,8 +87,8 @@ def test_defaults_and_the_moments_start(name, eta, beta1):
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.eta = 1.0
     state = make(name, _Pair()).init_server_state(_Pair())
-    assert state["moment1.w"].tolist() == [0.0, 0.0]
-    assert state["moment2.w"].tolist() == pytest.approx([1e-6, 1e-6])             # v_{-1} = tau^2
+    assert state["moment1"]["w"].tolist() == [0.0, 0.0]
+    assert state["moment2"]["w"].tolist() == pytest.approx([1e-6, 1e-6])             # v_{-1} = tau^2
 
 
 @pytest.mark.parametrize("name, bad, message", [

@@ -45,14 +45,14 @@ def test_a_term_or_batchnorm_that_keeps_client_state_pins_the_clients():
         job("fedavg", "per_round", model={"batchnorm": "local"})
 
 
-@pytest.mark.parametrize("owner", ["algorithm", "a term"])
+@pytest.mark.parametrize("owner", ["mine", "a term"])
 def test_a_worker_refuses_client_state_from_an_algorithm_that_claims_none(owner):
     algo = make("fedavg", Scalar())
     phase = algo.plan(0)[0]
     update = algo.client_update
 
     def keeping(phase, round, me, downlink, model, trainer):      # what a stateful algorithm or term does
-        kept = me.state if owner == "algorithm" else me.term_state.setdefault("a term", {})
+        kept = (me.state if owner == "a term" else me.term_state).setdefault(owner, {})
         kept["kept"] = model.w.detach().clone()
         return update(phase, round, me, downlink, model, trainer)
 

@@ -65,7 +65,7 @@ def test_control_variate_divides_the_model_change_by_the_momentum_aware_step_cou
     trainer = LocalTrainer(algo.setup.job.train, seed=0)
     me = Client(0, torch.tensor(X, dtype=torch.float32), torch.tensor(Y), np.array([2, 2]))
     c_i = np.array([[0.2, -0.1], [0.05, 0.3]])
-    me.state["control.classifier.weight"] = torch.tensor(c_i, dtype=torch.float32)
+    me.state["control"] = {"classifier.weight": torch.tensor(c_i, dtype=torch.float32)}
     model = Softmax2()
     with torch.no_grad():
         model.classifier.weight.fill_(5.0)       # what the worker's model holds: training must start from x
@@ -74,7 +74,7 @@ def test_control_variate_divides_the_model_change_by_the_momentum_aware_step_cou
         contributions, y = _round(algo, me, trainer, model, round, x, c)
         np.testing.assert_allclose(y, _sgd(x, c - c_i, momentum, mu), rtol=1e-5, atol=1e-6)
         expected = c_i - c + (x - y) / (a * LR)             # option II with a_i; weight decay not in a_i
-        np.testing.assert_allclose(me.state["control.classifier.weight"].double().numpy(), expected, rtol=1e-5,
+        np.testing.assert_allclose(me.state["control"]["classifier.weight"].double().numpy(), expected, rtol=1e-5,
                                    atol=1e-6)
         delta, weight = contributions["control"]
         np.testing.assert_allclose(delta["classifier.weight"].double().numpy(), expected - c_i, rtol=1e-5,
@@ -92,13 +92,13 @@ def test_without_momentum_the_control_variate_is_the_papers_number_for_number():
     algo = make("scaffold", Softmax2(), train=train)
     me = Client(0, torch.tensor(X, dtype=torch.float32), torch.tensor(Y), np.array([2, 2]))
     c_i = torch.tensor([[0.2, -0.1], [0.05, 0.3]])
-    me.state["control.classifier.weight"] = c_i.clone()
+    me.state["control"] = {"classifier.weight": c_i.clone()}
     x, c = torch.tensor([[0.3, -0.2], [-0.4, 0.1]]), torch.tensor([[-0.1, 0.2], [0.4, 0.0]])
     model = Softmax2()
     algo.client_update(algo.plan(0)[0], 0, me, {"model": {"classifier.weight": x}, "control": {"classifier.weight": c}},
                        model, LocalTrainer(algo.setup.job.train, seed=0))
     y = model.classifier.weight.detach()
-    assert torch.equal(me.state["control.classifier.weight"], c_i - c + (x - y) * (1.0 / (float(STEPS) * LR)))
+    assert torch.equal(me.state["control"]["classifier.weight"], c_i - c + (x - y) * (1.0 / (float(STEPS) * LR)))
 
 
 

@@ -163,13 +163,18 @@ def test_client_states_in_the_flat_table_of_hpcfl_0_1_are_refused_with_the_fix(t
     assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
     newest = sorted(checkpoint_root(tmp_path / "results" / "resume" / "cut.h5").glob("round-*"))[-1]
     part = torch.load(newest / "clients-rank0.pt", weights_only=True)
-    assert part["clients"] and all(set(kept) == {""} for kept in part["clients"].values())    # scaffold's own only
-    part["clients"] = {cid: kept[""] for cid, kept in part["clients"].items()}                # as 0.1 wrote them
+    assert part["clients"] and all(set(kept["algorithm"]) == {"control"} and not kept["terms"]   # scaffold's own
+                                   for kept in part["clients"].values())
+    part["clients"] = {cid: {f"control.{n}": t for n, t in kept["algorithm"]["control"].items()}   # as 0.1 wrote
+                       for cid, kept in part["clients"].items()}                                   # them, and
+    manifest = json.loads((newest / MANIFEST).read_text())                                         # no format
+    assert manifest.pop("format") == 2
+    (newest / MANIFEST).write_text(json.dumps(manifest))
     buffer = io.BytesIO()
     torch.save(part, buffer)
     _replace_in_checkpoint(tmp_path, "clients-rank0.pt", buffer.getvalue())
     assert main(_args(job, tmp_path, "cut")) == 2
-    assert "as hpcfl 0.1 did" in capsys.readouterr().err
+    assert "as earlier hpcfl did (0.1" in capsys.readouterr().err
 
 
 def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys):

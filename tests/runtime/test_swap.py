@@ -9,7 +9,6 @@ from algorithms.helpers import client, make
 from algorithms.test_fedcme import Two
 from runtime.test_equivalence import _execute, _job
 
-from hpcfl.algorithms.fedcme import OWN
 from hpcfl.runtime.worker import Worker
 from hpcfl.testing import assert_same_metrics, run_metrics
 
@@ -25,15 +24,15 @@ def test_partners_on_different_ranks_swap_exactly_their_classifiers():
     workers = list(range(1, comm.size)) or [0]
     client_rank = {c: workers[c % len(workers)] for c in range(6)}      # pairs (0, 1), (2, 5): across ranks
     algo = make("fedcme", Two(), num_clients=6, train={"clients_per_round": 6, "local_epochs": 2})
-    algo.sources = {0: 1, 1: 0, 2: 5, 5: 2, 3: 4, 4: 3}
+    sources = {0: 1, 1: 0, 2: 5, 5: 2, 3: 4, 4: 3}
     mine = {c: client(c) for c, r in client_rank.items() if r == comm.rank}
     for c, me in mine.items():
-        me.state = {OWN + n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}
+        me.state = {"half": {n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}}
     worker = Worker(algo, mine, {"": Two()}, None, "cpu", 2, 10)
-    worker.exchange(algo.plan(0)[1], 0, sorted(mine), MpiTransport(client_rank, comm))
+    worker.exchange(algo.plan(0)[1], 0, sorted(mine), MpiTransport(client_rank, comm), sources)
     for c, me in mine.items():
-        assert torch.equal(me.state[OWN + "classifier.bias"], torch.full((2,), float(algo.sources[c])))
-        assert torch.equal(me.state[OWN + "body.bias"], torch.full((2,), float(c)))
+        assert torch.equal(me.state["half"]["classifier.bias"], torch.full((2,), float(sources[c])))
+        assert torch.equal(me.state["half"]["body.bias"], torch.full((2,), float(c)))
     comm.Barrier()
 
 

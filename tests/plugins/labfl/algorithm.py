@@ -13,9 +13,8 @@ class HalfStep(FedAvg):
         step: float = 0.5
 
     def update_parameters(self, server_state, mean, uplink):
-        moved = {n: server_state[f"model.{n}"] + self.params.step * (mean[n] - server_state[f"model.{n}"])
-                 for n in self.setup.parameter_names}
-        assign(server_state, "model.", moved)
+        model = server_state["model"]
+        assign(model, {n: model[n] + self.params.step * (mean[n] - model[n]) for n in self.setup.parameter_names})
 
     def server_metrics(self, server_state):
         return {"step": self.params.step}

@@ -29,7 +29,7 @@ class MyFedAvg(Algorithm):
     def aggregate(self, phase, round, server_state, uplink):     # server: the sums of every contribution
         mean = weighted_mean(uplink["model"])                    # divided by the summed WEIGHT
         if mean is not None:                                     # None: no client trained this round
-            assign(server_state, "model.", mean)
+            assign(server_state["model"], mean)
 
 
 class ClientMemory(MyFedAvg):
@@ -51,8 +51,7 @@ class ClientMemory(MyFedAvg):
         trained = model.state_dict()
         update = {n: trained[n] - downlink["model"][n] for n in self.setup.parameter_names}
         sent = dict(trained)
-        for n, delta in update.items():
-            if f"update.{n}" in client.state:
-                sent[n] = trained[n] + self.params.beta * client.state[f"update.{n}"].to(delta.device)
-        client.state.update({f"update.{n}": delta.detach().cpu() for n, delta in update.items()})
+        for n, previous in client.state.get("update", {}).items():     # none before its first round
+            sent[n] = trained[n] + self.params.beta * previous.to(trained[n].device)
+        client.state["update"] = {n: delta.detach().cpu() for n, delta in update.items()}
         return {"model": ({**sent, WEIGHT: ONE}, float(client.num_samples))}, metrics
