@@ -7,6 +7,7 @@ the bench kept elsewhere (tools/mutation.py, studies/fedclassavg/memory.py) run 
 mostly start-up (importing torch, in one to three processes), so the selected runs start together, two
 at a time, and each test waits for its own.
 """
+import importlib.util
 import json
 import re
 import shlex
@@ -52,6 +53,8 @@ SMOKE = {
         r"classifier bytes per client per round: down [\d,]+, up [\d,]+",
         rf"rank 0: client state +{NUMBER} MiB, peak RSS +{NUMBER} MiB"]),
     "tools/mutation.py": (["--list"], [r"payload +\d+ mutants +tests/test_payload\.py"]),
+    "tools/setup_walk.py": ([], [r"functions \d+, files \d+, entries \d+, climbs \d+, re-entries \d+",
+                                 r"most re-entered: hpcfl/"]),
 }
 # bench/ scripts run by their own tests below; bench/runs.py is the helper the others share
 OWN_TEST = {"bench/batched.py", "bench/cache_memory.py", "bench/overhead.py", "bench/partitions_flwr.py",
@@ -143,3 +146,17 @@ def test_the_gpu_script_parses_and_calls_scripts_that_take_its_flags():
         source = (REPOSITORY / script).read_text()
         flags = [a for a in args if a.startswith("--")]
         assert flags and all(f'"{flag}"' in source for flag in flags), (script, flags)
+
+
+def test_the_setup_walk_counts_entries_climbs_and_re_entries_by_hand():
+    spec = importlib.util.spec_from_file_location("setup_walk", REPOSITORY / "tools" / "setup_walk.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    steps = [("call", "launch.py", "main"), ("call", "jobs.py", "load"), ("call", "config.py", "parse"),
+             ("climb", "jobs.py", ""), ("call", "jobs.py", "check"),          # same file: no move
+             ("climb", "launch.py", ""), ("call", "config.py", "name"), ("call", "config.py", "more"),
+             ("climb", "launch.py", ""), ("call", "jobs.py", "resolve")]
+    counts = tool.walk(steps)
+    assert {k: counts[k] for k in ("functions", "files", "entries", "climbs", "re-entries")} == {
+        "functions": 7, "files": 3, "entries": 5, "climbs": 3, "re-entries": 2}
+    assert counts["most re-entered"] == [("config.py", 1), ("jobs.py", 1)]
