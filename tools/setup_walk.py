@@ -3,7 +3,8 @@
 Runs a one-round job (the quickstart template on the digits set) under a tracer from
 `hpcfl.launch.main` to `hpcfl.runtime.loop.run` and follows hpcfl's functions in the order they
 first run, each read once (a later call is known already; comprehensions and lambdas belong to the
-function they are in; module and class bodies are imports, not steps). It counts
+function they are in; module and class bodies, and what they call as a module is imported, are
+imports, not steps). It counts
 
 - functions read, and files entered (distinct);
 - entries: moves into another file by a call; climbs: returns to a caller in another file;
@@ -27,6 +28,15 @@ ROOT = Path(__file__).resolve().parent.parent
 NEW_LOCALS = 0x02       # code.co_flags of a function (not of a module or class body)
 
 
+def _importing(frame, package: str) -> bool:
+    """Whether `frame` runs inside the import of one of hpcfl's modules (its code, or what it calls)."""
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_code.co_filename.startswith(package):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def trace_setup(root: Path) -> list[tuple[str, str, str]]:
     """("call", file, function) at each function's first run and ("climb", file, "") at each return to
     a caller in another file, from the launcher until the round loop starts."""
@@ -43,7 +53,7 @@ def trace_setup(root: Path) -> list[tuple[str, str, str]]:
             if code.co_name == "run" and where == "hpcfl/runtime/loop.py":
                 done[0] = True
                 return None
-            if not code.co_flags & NEW_LOCALS or code in seen:
+            if not code.co_flags & NEW_LOCALS or code in seen or _importing(frame.f_back, package):
                 return None
             if not code.co_name.startswith("<"):
                 seen.add(code)
