@@ -142,8 +142,8 @@ class FedMA(Matching, Algorithm):
                 merged[p.key] = sum(placed) / sum(held).clamp(min=1)
             shared = torch.cat([torch.tensor([float(count)], dtype=torch.float64), encode(merged, layer)])
             replies = {c: torch.from_numpy(a) for c, a in zip(clients, assignment, strict=True)}
+        model = server_state["model"]
         for p in layer.params:                  # a new shape, on the server's device
-            model = server_state["model"]
             model[p.key] = merged[p.key].to(model[p.key].device, self.template[p.key].dtype)
         self.match_s[layer.name] = time.perf_counter() - start
         return shared, replies

@@ -70,8 +70,9 @@ def _resumable(config: dict) -> dict:
 def restore(job, directory: Path, rounds: int) -> None:
     """Every rank takes its part of the checkpoint in `directory` (taken after `rounds` rounds)."""
     manifest = json.loads((directory / MANIFEST).read_text())
-    if manifest.get("format", 1) != FORMAT:
-        raise ResultsError(f"checkpoint {directory} keeps its states in format {manifest.get('format', 1)}, as "
+    written = manifest.get("format", 1)        # 1: no "format", states under string prefixes
+    if written != FORMAT:
+        raise ResultsError(f"checkpoint {directory} keeps its states in format {written}, as "
                            f"earlier hpcfl did (0.1, and 0.2.0 before states had owners); this hpcfl reads format "
                            f"{FORMAT}: resume it with the hpcfl that wrote it (the result file's provenance names "
                            "its commit), or move the checkpoint folder away to start the run again")
