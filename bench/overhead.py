@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import partition
-from hpcfl.jobs import load_job
+from hpcfl.jobs import load_job, resolve
 from hpcfl.models import build_model, lay_out
 from hpcfl.models.evaluation import evaluate
 from hpcfl.runtime.placement import client_cost, deal_cohort, memory_format
@@ -125,7 +125,7 @@ def runner(cfg) -> float:
     from hpcfl.runtime.loop import run  # imported here: the floor's process does without them
     from hpcfl.transport import LocalTransport
 
-    job = setup(cfg, LocalTransport({}), None)
+    job = setup(resolve(cfg), LocalTransport({}), None)
     sync()
     start = time.perf_counter()
     run(job)

@@ -176,10 +176,6 @@ class JobConfig:
         """The distinct model architectures, in the order clients are dealt them."""
         return tuple(dict.fromkeys(self.model.architectures or [self.model.name]))
 
-    def architecture(self, client: int) -> str:
-        names = self.model.architectures or [self.model.name]
-        return names[client % len(names)]
-
     @property
     def run_name(self) -> str:
         return self.run.name or f"{self.algorithm.name}-{self.data.partition}-seed{self.run.seed}"
@@ -373,6 +369,23 @@ def read_job_file(path: str | Path) -> dict:
         raise ConfigError(f"job file {path} cannot be read: {err.strerror}") from None
     except (ValueError, RecursionError) as err:     # also not UTF-8, or an integer or nesting past Python's limits
         raise ConfigError(f"job file {path} is not valid TOML: {err}") from None
+
+
+def read_job(job: "str | Path | dict | JobConfig", overrides: list[str] = (), allow_sweep: bool = False) -> JobConfig:
+    """A job file's path, its tables (as TOML gives them) or a JobConfig, with --set's KEY=VALUE
+    `overrides`, parsed and checked key by key (`parse_job`). A job file's [sweep] table is for
+    hpcfl.sweep, which runs one of its points (`allow_sweep`)."""
+    if isinstance(job, JobConfig):
+        raw = job.to_dict()
+    elif isinstance(job, dict):
+        raw = job
+    else:
+        raw = read_job_file(job)
+        if "sweep" in raw and not allow_sweep:
+            raise ConfigError(f"job file {job} defines a [sweep]: run one of its points with `hpcfl sweep "
+                              f"{job} --index I` (`--list` shows them)")
+        raw = {table: values for table, values in raw.items() if table != "sweep"}
+    return parse_job(apply_overrides(raw, list(overrides)))
 
 
 def parse_job(raw: dict) -> JobConfig:

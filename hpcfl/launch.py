@@ -146,29 +146,21 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
     KEY=VALUE strings. A completed run returns its path at once and an interrupted one resumes, as on
     the command line; bad input raises hpcfl.errors.ConfigError (or DataError, ...) naming the key.
     It logs as rank 0 does (hpcfl.logs), warnings only when `quiet`."""
-    from pathlib import Path
-
-    from hpcfl.config import JobConfig, apply_overrides
-    from hpcfl.jobs import job_from_dict, load_job
+    from hpcfl.jobs import prepare
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.lock import release
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import RunCompleted
     from hpcfl.transport import LocalTransport
 
-    if isinstance(job, JobConfig):
-        config = job_from_dict(apply_overrides(json.loads(job.to_json()), list(overrides)))
-    elif isinstance(job, dict):
-        config = job_from_dict(apply_overrides(job, list(overrides)))
-    else:
-        config = load_job(Path(job), list(overrides))
-    configure(0, "WARNING" if quiet else None, run=config.run_name)
+    resolved = prepare(job, overrides)
+    configure(0, "WARNING" if quiet else None, run=resolved.run_name)
     transport = LocalTransport({})
     try:
         try:
-            state = setup(config, transport, data_root, 0)
+            state = setup(resolved, transport, data_root, 0)
         except RunCompleted:
-            return config.result_path
+            return resolved.result_path
         status = "failed"
         try:
             status = "completed" if run(state) else "interrupted"
@@ -177,12 +169,12 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
     finally:
         transport.close()
         release()
-    return config.result_path
+    return resolved.result_path
 
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     from hpcfl.errors import TrainingFault
-    from hpcfl.jobs import load_job, resolved_params
+    from hpcfl.jobs import prepare
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import STOP, RunCompleted
@@ -190,14 +182,14 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
     transport = None
     try:
-        config = load_job(args.job, overrides, allow_sweep=allow_sweep)
+        resolved = prepare(args.job, overrides, allow_sweep=allow_sweep)
         if args.check:
-            print(json.dumps({**config.to_dict(), "resolved": resolved_params(config)}, sort_keys=True), flush=True)
+            print(json.dumps({**resolved.config.to_dict(), "resolved": resolved.tables}, sort_keys=True), flush=True)
             return Exit.DONE
         transport, local_rank = make_transport()
-        transport.timeout_s = config.run.round_timeout_s
-        configure(transport.rank, args.log_level, args.log_dir, config.run_name)
-        job = setup(config, transport, args.data_root, local_rank)
+        transport.timeout_s = resolved.config.run.round_timeout_s
+        configure(transport.rank, args.log_level, args.log_dir, resolved.run_name)
+        job = setup(resolved, transport, args.data_root, local_rank)
     except RunCompleted as done:          # raised on every rank alike, as SetupFailed: all close together
         LOG.info(str(done))
         _close(transport)

@@ -26,7 +26,7 @@ from hpcfl.config import CHOICES, JobConfig, apply_overrides, parse_override, re
 from hpcfl.data.datasets import DATASETS
 from hpcfl.data.partition import PARTITIONS
 from hpcfl.errors import ConfigError
-from hpcfl.jobs import job_from_dict, load_job, resolved_params
+from hpcfl.jobs import job_from_dict, load_job, resolve
 from hpcfl.launch import main
 from hpcfl.models import MODELS
 from hpcfl.runtime.checkpoint import checkpoint_root
@@ -341,7 +341,7 @@ def test_the_launcher_exits_2_on_one_line_and_writes_nothing(workdir, mutation, 
         assert (code, out, message) == (2, "", f"hpcfl: error: {err}\n") and message.count("\n") == 1
     else:
         code, out, message = run_main(job_file, *sets, "--results-root", root, "--check")
-        resolved = json.loads(json.dumps(resolved_params(job)))
+        resolved = json.loads(json.dumps(resolve(job).tables))
         assert (code, message) == (0, "") and json.loads(out) == {**json.loads(job.to_json()), "resolved": resolved}
     assert not root.exists()
 

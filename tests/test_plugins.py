@@ -11,7 +11,7 @@ import pytest
 
 import hpcfl
 from hpcfl.config import apply_overrides
-from hpcfl.jobs import job_from_dict
+from hpcfl.jobs import job_from_dict, resolve
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
 from hpcfl.testing import StepTrainer, assert_same_metrics, run_metrics
@@ -103,7 +103,7 @@ def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path)
     root = comm.bcast(str(tmp_path), root=0)
     config = job_from_dict(apply_overrides(_job(root, "ranks"), []))
     transport = MpiTransport({}, comm)
-    job = setup(config, transport, None)
+    job = setup(resolve(config), transport, None)
     run(job)
     if job.recorder:
         job.recorder.close()

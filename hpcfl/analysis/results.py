@@ -62,7 +62,7 @@ def flatten(config: dict, prefix: str = "") -> dict:
 def ran_with(attrs: dict) -> dict:
     """A run's job as the analysis groups and pairs it: what the job wrote (root attribute `config`),
     each parameter table replaced by its form resolved with the defaults (root attribute `resolved`,
-    hpcfl.jobs.resolved_params), so that a run that left a default out and one that wrote it agree.
+    hpcfl.jobs.Resolved.tables), so that a run that left a default out and one that wrote it agree.
     Files from before `resolved` give what they wrote."""
     config = dict(current_names(attrs.get("config", {}), warn=False))
     for section, tables in attrs.get("resolved", {}).items():

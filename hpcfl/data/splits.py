@@ -1,11 +1,16 @@
 """What is drawn around a partition, each from its own generator keyed by the split's seed (and the
 client), so every rank draws the same: the class-stratified subset a CPU-sized study partitions, each
 client's validation and local test samples, FedKA's shared set, and the class roles of FedKA's
-Definition 1 (dominant, non-dominant, missing) that its term and the forgetting analysis read."""
+Definition 1 (dominant, non-dominant, missing) that its term and the forgetting analysis read; and a
+job's data as set-up splits it (`split_data`)."""
+from dataclasses import dataclass
+
 import numpy as np
 
 from hpcfl.config import JobConfig
-from hpcfl.data.partition import apportion, is_int, is_number, partition, round_half_up
+from hpcfl.data.base import Dataset, resolve_data_root
+from hpcfl.data.datasets import load_dataset
+from hpcfl.data.partition import apportion, count_matrix, is_int, is_number, partition, round_half_up
 from hpcfl.errors import ConfigError, DataError
 from hpcfl.seeding import numpy_rng
 
@@ -105,3 +110,37 @@ def shared_set(labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
         raise DataError(f"the training set has no sample of class {missing[0]}, so the shared set S cannot "
                         "hold one sample per class; use a data set that covers every class")
     return np.array([rng.choice(np.flatnonzero(labels == k)) for k in range(num_classes)], dtype=np.int64)
+
+
+@dataclass
+class ClientData:
+    """A job's data set split as it asks, the same on every rank."""
+    data: Dataset
+    parts: list                   # each client's training rows
+    val_parts: list               # each client's held-out validation rows
+    counts: np.ndarray            # clients x classes
+    local_tests: list | None      # each client's own test rows (data.local_test_ratio)
+    shared: np.ndarray | None = None    # the shared samples some terms train on (`shared_set`)
+
+    @property
+    def local_test_sizes(self) -> np.ndarray | None:
+        return None if self.local_tests is None else np.array([len(t) for t in self.local_tests], dtype=np.int64)
+
+
+def split_data(job: JobConfig, data_root: str | None, train_images: bool) -> ClientData:
+    """`job`'s data set loaded from `data_root` (--data-root; else data.root, $HPCFL_DATA, Debian's folder;
+    training images only if `train_images`) and split: the partition, each client's validation rows and
+    own test rows."""
+    seed = job.data_seed
+    validating = job.data.validation_fraction > 0          # the server then tests on the held-out samples too
+    data = load_dataset(job.data.dataset, resolve_data_root(data_root or job.data.root or None),
+                        train_images=train_images or validating)
+    labels = data.train_y.numpy()
+    parts = client_partition(job, labels, data.groups)
+    val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
+    if validating:
+        parts, val_parts = validation_split(parts, job.data.validation_fraction, seed)
+    counts = count_matrix(labels, parts, data.num_classes)
+    local_tests = (local_test_sets(data.test_y.numpy(), counts, job.data.local_test_ratio, seed)
+                   if job.data.local_test_ratio > 0 else None)
+    return ClientData(data, parts, val_parts, counts, local_tests)

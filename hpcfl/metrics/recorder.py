@@ -56,8 +56,9 @@ class Recorder:
         self._rounds = 0
 
     @classmethod
-    def create(cls, path: Path, attrs: dict) -> Recorder:
-        """Create a new result file; an existing file is never overwritten."""
+    def create(cls, path: Path, attrs: dict, arrays: dict | None = None) -> Recorder:
+        """Create a new result file with root attributes `attrs` and fixed datasets `arrays` (name ->
+        array, `write_array`); an existing file is never overwritten."""
         path = Path(path)
         exists = ResultsError(
             f"result file {path} already exists; choose another run.name, or delete or move the old file"
@@ -77,9 +78,11 @@ class Recorder:
         try:
             for name, value in attrs.items():
                 recorder._put_attr(name, value)
+            for name, array in (arrays or {}).items():
+                recorder.write_array(name, array)
         except ResultsError:
             file.close()
-            path.unlink()  # a bad attribute must not leave a file that blocks the corrected retry
+            path.unlink()  # a bad attribute or array must not leave a file that blocks the corrected retry
             raise
         file.flush()
         return recorder

@@ -1,4 +1,5 @@
-"""Building a job on every rank: data, partition, placement, models, workers, server, result file.
+"""Building a job on every rank from the job resolved once (hpcfl.jobs.Resolved): the data and its
+split, the placement, the models and the algorithm, the workers, the server and its result file.
 
 Set-up ends with a collective check, so a bad input stops every rank with one clear message before
 anyone trains. The cohort schedule is drawn up front from its own generator, so every rank knows
@@ -15,29 +16,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcfl.algorithms import ALGORITHMS
 from hpcfl.algorithms.anchored import WithAnchors, wrap
 from hpcfl.algorithms.base import Algorithm, Client, Setup, owned
 from hpcfl.config import JobConfig
-from hpcfl.data.base import Dataset, resolve_data_root, take
-from hpcfl.data.datasets import load_dataset
-from hpcfl.data.partition import count_matrix
-from hpcfl.data.splits import client_partition, local_test_sets, shared_set, validation_split
+from hpcfl.data.base import take
+from hpcfl.data.splits import ClientData, shared_set, split_data
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.jobs import Resolved, resolve
 from hpcfl.metrics import Recorder
 from hpcfl.models import build_model, count_parameters, lay_out
 from hpcfl.runtime.forgetting import Forgetting
 from hpcfl.runtime.memory import peak_bytes
-from hpcfl.runtime.placement import (
-    assign_clients,
-    client_cost,
-    deal_cohort,
-    idle_workers,
-    memory_format,
-    pick_device,
-    worker_ranks,
-)
+from hpcfl.runtime.placement import Placement, memory_format, place, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
 from hpcfl.runtime.resume import RunCompleted, restore, resume_point
 from hpcfl.runtime.server import Server
@@ -57,6 +47,7 @@ class SetupFailed(HpcflError):
 
 @dataclass
 class Job:
+    """A job built on one rank: what the round loop (hpcfl.runtime.loop) runs."""
     config: JobConfig
     transport: Transport
     algorithm: Algorithm | WithAnchors    # the algorithm, or it inside FedFM's anchor phase (anchored.wrap)
@@ -66,149 +57,110 @@ class Job:
     cohorts: np.ndarray
     num_classes: int
     client_metrics: tuple[str, ...]       # the report's CLIENT_METRICS this run records
-    cost: np.ndarray | None = None        # per-round placement: each client's batches per epoch; None: fixed
+    placement: Placement
     local_test_sizes: np.ndarray | None = None    # each client's own test examples (data.local_test_ratio)
     start_round: int = 0                  # > 0: resumed from a checkpoint taken after this many rounds
     extensions: list = field(default_factory=list)    # evaluations the job turns on (eval.forgetting)
 
-    def hosts(self, cohort: list[int]) -> dict[int, int]:
-        """Sampled client -> the rank that trains it this round, the same on every rank."""
-        if self.cost is None:
-            return {c: self.transport.client_rank[c] for c in cohort}
-        return deal_cohort(cohort, self.cost, worker_ranks(self.transport.size))
 
-
-def setup(config: JobConfig, transport: Transport, data_root: str | None, local_rank: int = 0) -> Job:
-    """Build everything on every rank; raise SetupFailed on all ranks if any rank failed."""
+def setup(job: Resolved, transport: Transport, data_root: str | None, local_rank: int = 0) -> Job:
+    """Build everything on every rank from the job resolved (hpcfl.jobs.prepare); raise SetupFailed on
+    all ranks if any rank failed."""
     info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
     start = time.perf_counter()
     try:
-        job = _build(config, transport, data_root, local_rank, info)
+        built = _build(job, transport, data_root, local_rank, info)
         info["setup_max_rss_bytes"] = peak_bytes()             # before the rounds reset the high-water mark
         info["setup_s"] = time.perf_counter() - start
     except RunCompleted as done:
-        job, info["completed"] = None, str(done)
+        built, info["completed"] = None, str(done)
     except HpcflError as err:
-        job, info["error"] = None, f"{type(err).__name__}: {err}"
+        built, info["error"] = None, f"{type(err).__name__}: {err}"
     reports = transport.share(info)
     if reports[0].get("completed"):
         raise RunCompleted(reports[0]["completed"])
-    _raise_failures(job, config, transport, reports)
+    _raise_failures(built, job, transport, reports)
     if reports[0].get("checkpoint"):
         try:
             info["error"] = None
-            restore(job, Path(reports[0]["checkpoint"]), reports[0]["resume"])
+            restore(built, Path(reports[0]["checkpoint"]), reports[0]["resume"])
         except HpcflError as err:
             info["error"] = f"{type(err).__name__}: {err}"
-        _raise_failures(job, config, transport, transport.share(info))
-    if job.recorder:
-        attrs = run_attributes(config, reports)
-        for key, value in attrs.items():
-            job.recorder.set_attr(key, value)
-    return job
+        _raise_failures(built, job, transport, transport.share(info))
+    if built.recorder:
+        for key, value in run_attributes(job, reports).items():
+            built.recorder.set_attr(key, value)
+    return built
 
 
-def _raise_failures(job: Job | None, config: JobConfig, transport: Transport, reports: list[dict]) -> None:
+def _raise_failures(built: Job | None, job: Resolved, transport: Transport, reports: list[dict]) -> None:
     failed = [r["error"] if transport.size == 1 else f"rank {r['rank']} on {r['host']}: {r['error']}"
               for r in reports if r["error"]]
     if failed:
-        if job and job.recorder:          # this rank was fine but another was not
-            job.recorder.close()
+        if built and built.recorder:      # this rank was fine but another was not
+            built.recorder.close()
             if not reports[0].get("resume_file"):    # leave no file we created; keep one we resumed
-                config.result_path.unlink(missing_ok=True)
+                job.result_path.unlink(missing_ok=True)
         raise SetupFailed("\n".join(failed))
 
 
-@dataclass
-class _Data:
-    """The data set split as the job asks, the same on every rank."""
-    data: Dataset
-    parts: list                   # each client's training rows
-    val_parts: list               # each client's held-out validation rows
-    counts: np.ndarray            # clients x classes
-    local_tests: list | None      # each client's own test rows (data.local_test_ratio)
-    shared: np.ndarray | None     # the shared samples some terms train on
-
-    @property
-    def local_test_sizes(self) -> np.ndarray | None:
-        return None if self.local_tests is None else np.array([len(t) for t in self.local_tests], dtype=np.int64)
-
-
-def _build(config: JobConfig, transport: Transport, data_root, local_rank, info) -> Job:
+def _build(job: Resolved, transport: Transport, data_root, local_rank, info) -> Job:
     """Set-up on one rank, in steps:
-    1. where it runs: the resume point (server), the device, the threads;
-    2. the data, split into clients, and each client's home rank;
-    3. the models and the algorithm, from the job resolved once (hpcfl.jobs.resolve);
-    4. this rank's part: a worker with its clients and trainers, the server with its result file;
-    5. the cohorts, the client metrics recorded, the per-round placement's costs."""
-    # 1. where
-    resume_file, rounds, checkpoint = resume_point(config) if transport.is_server else (False, 0, None)
+    1. the resume point (the server: before anything is built);
+    2. the data, split into clients;
+    3. the placement: this rank's device and threads, each client's home rank;
+    4. the models and the algorithm;
+    5. this rank's part: a worker with its clients and trainers, the server with its result file;
+    6. the cohorts."""
+    config = job.config
+    # 1. the resume point
+    resume_file, rounds, checkpoint = resume_point(job) if transport.is_server else (False, 0, None)
     info.update(resume_file=resume_file, resume=rounds, checkpoint=str(checkpoint or ""))
-    device = pick_device(config.run.device, local_rank)
-    torch.set_num_threads(config.run.threads)
-    info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
     # 2. the data
-    resolved = resolve(config)
-    split = _split(config, transport, resolve_data_root(data_root or config.data.root or None))
-    transport.client_rank = assign_clients(split.counts.sum(1), worker_ranks(transport.size))   # homes
-    # 3. models and algorithm
-    models = build_models(config, split.data.input_shape, split.data.num_classes, device, resolved)
+    split = split_data(config, data_root, train_images=transport.rank in worker_ranks(transport.size))
+    # 3. the placement
+    placement = place(config, transport.size, local_rank, split.counts.sum(1), job.moving)
+    transport.client_rank = placement.homes
+    torch.set_num_threads(config.run.threads)
+    device = placement.device
+    info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
+    # 4. the models and the algorithm
+    models = build_models(config, split.data.input_shape, split.data.num_classes, device, job, placement.memory_format)
     model = models[config.architectures[0]]       # the server's (the global model's architecture)
-    setup_ = Setup.of(config, model, split.counts, test_size=int(split.data.test_y.shape[0]), terms=resolved.terms)
-    algorithm = wrap(ALGORITHMS[config.algorithm.name](resolved.algorithm, setup_))
+    setup_ = Setup.of(config, model, split.counts, test_size=int(split.data.test_y.shape[0]), terms=job.terms)
+    algorithm = wrap(job.algorithm_class(job.algorithm, setup_))
     two_views = [t.name for t in algorithm.terms if t.views == 2]
     if two_views and split.data.mean is None:
         raise ConfigError(f"{two_views} augment images into two views, but data set '{split.data.name}' has no "
                           "images; drop the term or pick an image data set")
     if any(t.needs_shared for t in algorithm.terms):
-        split.shared = shared_set(split.data.train_y.numpy(), split.data.num_classes, config.data_seed)
-    # 4. this rank's part
-    moving = algorithm.moves_clients(config)
-    worker = (_worker(config, transport, split, models, algorithm, device, moving)
-              if transport.rank in worker_ranks(transport.size) else None)
-    server, recorder = (_server(config, transport, split, model, algorithm, device, models, moving, resume_file,
+        split.shared = shared_set(split.data.train_y.numpy(), split.data.num_classes, job.data_seed)
+    # 5. this rank's part
+    worker = _worker(job, transport, split, models, algorithm, device) if transport.rank in placement.workers else None
+    server, recorder = (_server(job, transport, split, model, algorithm, device, models, placement, resume_file,
                                 rounds) if transport.is_server else (None, None))
-    # 5. the schedule
+    # 6. the cohorts
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
-    cost = client_cost(split.counts.sum(1), config.train.batch_size) if moving else None
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, split.data.num_classes,
-               _client_metrics(config, algorithm), cost, local_test_sizes=split.local_test_sizes,
+               _client_metrics(config, algorithm), placement, local_test_sizes=split.local_test_sizes,
                extensions=[Forgetting()] if config.eval.forgetting else [])
 
 
-def _split(config: JobConfig, transport: Transport, root) -> _Data:
-    """The data set loaded (training images only where a rank trains or validates) and split: the
-    partition, each client's validation rows and own test rows."""
-    validating = config.data.validation_fraction > 0          # the server then tests on the held-out samples too
-    data = load_dataset(config.data.dataset, root,
-                        train_images=transport.rank in worker_ranks(transport.size) or validating)
-    labels = data.train_y.numpy()
-    parts = client_partition(config, labels, data.groups)
-    val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
-    if validating:
-        parts, val_parts = validation_split(parts, config.data.validation_fraction, config.data_seed)
-    counts = count_matrix(labels, parts, data.num_classes)
-    local_tests = (local_test_sets(data.test_y.numpy(), counts, config.data.local_test_ratio, config.data_seed)
-                   if config.data.local_test_ratio > 0 else None)
-    return _Data(data, parts, val_parts, counts, local_tests, None)
-
-
-def _worker(config: JobConfig, transport: Transport, split: _Data, models: dict, algorithm, device,
-            moving: bool) -> Worker:
+def _worker(job: Resolved, transport: Transport, split: ClientData, models: dict, algorithm, device) -> Worker:
     """A worker rank's part: the clients it hosts (every client when clients move), on its device, with
     their held-out sets and state, and the local trainers."""
-    data, clients = split.data, {}
+    config, data, clients = job.config, split.data, {}
     tested = algorithm.traits.client_test or config.eval.forgetting
     test_set = _on(device, data.test_x, data.test_y) if tested else None
     shared = _on(device, *data.train_rows(split.shared)) if split.shared is not None else None
     pixels = device.type == "cpu" and data.train_pixels is not None   # uint8 rows, normalised per batch
     normalization = data.pixel_normalization() if pixels else None
     for cid, rank in transport.client_rank.items():
-        if not (moving or rank == transport.rank):
+        if not (job.moving or rank == transport.rank):
             continue
         client = clients[cid] = Client(cid, *_on(device, *data.train_rows(split.parts[cid], normalised=not pixels)),
-                                       split.counts[cid], config.architecture(cid), normalization=normalization)
+                                       split.counts[cid], job.client_architectures[cid], normalization=normalization)
         if len(split.val_parts[cid]):
             client.eval_sets["val"] = _on(device, *data.train_rows(split.val_parts[cid]))
         if split.local_tests is not None:
@@ -218,45 +170,41 @@ def _worker(config: JobConfig, transport: Transport, split: _Data, models: dict,
         client.state = owned(algorithm.init_client_state(client, models[client.architecture]),
                              f"{algorithm.name}.init_client_state")
     trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
-    group = group_size(config, ALGORITHMS[config.algorithm.name], models.values(), device)
+    group = group_size(config, job.algorithm_class, models.values(), device)
     batched = BatchedTrainer(trainer, models.values(), group) if group else None
     return Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
-                  config.train.on_nonfinite == "drop", batched, moving)
+                  config.train.on_nonfinite == "drop", batched, job.moving)
 
 
-def _server(config: JobConfig, transport: Transport, split: _Data, model, algorithm, device, models: dict,
-            moving: bool, resume_file: bool, rounds: int) -> tuple[Server, Recorder]:
+def _server(job: Resolved, transport: Transport, split: ClientData, model, algorithm, device, models: dict,
+            placement: Placement, resume_file: bool, rounds: int) -> tuple[Server, Recorder]:
     """The server rank's part: the global model's evaluation, the result file (created, or reopened
     to resume), and the run's description in the log."""
-    data = split.data
+    config, data = job.config, split.data
     validation = data.train_rows(np.concatenate(split.val_parts)) if config.data.validation_fraction > 0 else None
     server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device, validation=validation)
     if resume_file:
-        recorder = Recorder.reopen(config.result_path, rounds)
+        recorder = Recorder.reopen(job.result_path, rounds)
     else:
-        recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
-        recorder.write_array("partition", split.counts)
-        recorder.write_array("example/test_size", np.int64(data.test_y.shape[0]))
-        if split.local_tests is not None:
-            recorder.write_array("example/local_test_sizes", split.local_test_sizes)
-        if split.shared is not None:
-            recorder.write_array("shared_samples", split.shared)
-    _announce(config, transport, split, models, moving)
+        arrays = {"partition": split.counts, "example/test_size": np.int64(data.test_y.shape[0]),
+                  "example/local_test_sizes": split.local_test_sizes, "shared_samples": split.shared}
+        recorder = Recorder.create(job.result_path, {"config": json.loads(config.to_json())},
+                                   {name: value for name, value in arrays.items() if value is not None})
+    _announce(job, transport, split, models, placement)
     return server, recorder
 
 
-def _announce(config: JobConfig, transport: Transport, split: _Data, models: dict, moving: bool) -> None:
+def _announce(job: Resolved, transport: Transport, split: ClientData, models: dict, placement: Placement) -> None:
     """The run in one log line, and a warning for ranks that would host no client."""
-    sizes, workers = split.counts.sum(1), worker_ranks(transport.size)
+    config, sizes, workers = job.config, split.counts.sum(1), placement.workers
     LOG.info(f"{config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
              f"{config.data.partition_params}), {len(sizes)} clients (samples min/median/max "
              f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
              f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
-             f"{transport.size} rank(s); results -> {config.result_path}")
-    idle = idle_workers(workers, transport.client_rank, config.train.clients_per_round, moving)
-    if idle and transport.size > 1:
-        most = len(workers) - len(idle)
-        LOG.warning(f"rank(s) {', '.join(map(str, idle))} will host no client in any round ({len(workers)} "
+             f"{transport.size} rank(s); results -> {job.result_path}")
+    if placement.idle and transport.size > 1:
+        most = len(workers) - len(placement.idle)
+        LOG.warning(f"rank(s) {', '.join(map(str, placement.idle))} will host no client in any round ({len(workers)} "
                     f"workers for {len(sizes)} clients, {config.train.clients_per_round} per round) and only "
                     f"wait: launch with at most {most + 1} ranks (mpirun -np {most + 1})")
 
@@ -273,18 +221,20 @@ def _on(device, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return x.to(device), y.to(device)
 
 
-def build_models(config: JobConfig, in_shape, num_classes: int, device, resolved: Resolved | None = None) -> dict:
+def build_models(config: JobConfig, in_shape, num_classes: int, device, resolved: Resolved | None = None,
+                 layout: torch.memory_format | None = None) -> dict:
     """One model instance per architecture, each initialised from the run's "init" seed; on a
     heterogeneous run their feature widths must agree, since the clients share a classifier. The
     job's local terms (a preset's own included: `resolved.adapting`) then add their layers (MOON's
-    projection head), and the convolutions' weights take run.memory_format."""
+    projection head), and the convolutions' weights take `layout` (default: run.memory_format's)."""
     resolved = resolved or resolve(config)
+    layout = layout or memory_format(config.run.memory_format, device)
     models = {}
     for name in config.architectures:
         torch.manual_seed(torch_seed(config.run.seed, "init"))
         models[name] = build_model(name, in_shape, num_classes, resolved.models[name]).to(device)
         adapt_model(models[name], resolved.adapting, config.run.seed)
-        lay_out(models[name], memory_format(config.run.memory_format, device))
+        lay_out(models[name], layout)
     widths = {name: m.classifier.in_features for name, m in models.items() if hasattr(m, "classifier")}
     if len(models) > 1 and len(set(widths.values())) != 1:
         raise ConfigError(f"model.architectures have features of different widths {widths}: heterogeneous clients "

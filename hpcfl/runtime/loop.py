@@ -60,7 +60,7 @@ def run(job: Job) -> bool:
         reset_peak()
         # 1. who trains, and where
         cohort = [int(c) for c in job.cohorts[number]]
-        hosts = job.hosts(cohort)
+        hosts = job.placement.hosts(cohort)
         this = Round(number, cohort, hosts,
                      sorted(c for c in cohort if hosts[c] == transport.rank) if job.worker else [],
                      np.zeros((cfg.data.num_clients, len(CLIENT_METRICS))), client_blocks(job), transport.stats)

@@ -11,6 +11,7 @@ of intra-op threads, because oversubscribed torch threads run small models many 
 measured on 2 vCPUs).
 """
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +19,32 @@ import torch
 from hpcfl.errors import ConfigError
 
 LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's work runs, decided once at set-up, the same on every rank but for `device`."""
+    device: torch.device            # this rank's
+    memory_format: torch.memory_format      # how its convolution weights lie (run.memory_format)
+    workers: list[int]              # the ranks that train clients
+    homes: dict[int, int]           # client -> the worker that holds its state (and, when fixed, trains it)
+    cost: np.ndarray | None         # clients dealt each round: each one's batches per epoch; None: fixed
+    idle: list[int]                 # workers that never train a client
+
+    def hosts(self, cohort: list[int]) -> dict[int, int]:
+        """Sampled client -> the rank that trains it this round."""
+        return {c: self.homes[c] for c in cohort} if self.cost is None else deal_cohort(cohort, self.cost, self.workers)
+
+
+def place(config, size: int, local_rank: int, sizes: np.ndarray, moving: bool) -> Placement:
+    """The placement of a job (hpcfl.config.JobConfig) on `size` ranks, for the rank that is `local_rank`
+    on its node, given each client's training samples; `moving`: each round's cohort is dealt afresh."""
+    device = pick_device(config.run.device, local_rank)
+    workers = worker_ranks(size)
+    homes = assign_clients(sizes, workers)
+    cost = client_cost(sizes, config.train.batch_size) if moving else None
+    return Placement(device, memory_format(config.run.memory_format, device), workers, homes, cost,
+                     idle_workers(workers, homes, config.train.clients_per_round, moving))
 
 
 def worker_ranks(size: int) -> list[int]:

@@ -1,12 +1,11 @@
 """Where a result came from: versions, commit, hosts and devices, plug-ins, the parameters resolved
-with their defaults (hpcfl.jobs.resolved_params), stored as root attributes."""
+with their defaults (hpcfl.jobs.Resolved.tables), stored as root attributes."""
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 from hpcfl import _version
-from hpcfl.config import JobConfig
-from hpcfl.jobs import resolved_params
+from hpcfl.jobs import Resolved
 from hpcfl.plugins import plugins
 
 
@@ -35,17 +34,18 @@ def git_commit() -> str:
     return head.stdout.split()[1] + ("-dirty" if dirty else "")
 
 
-def run_attributes(config: JobConfig, reports: list[dict]) -> dict:
+def run_attributes(job: Resolved, reports: list[dict]) -> dict:
     """reports: every rank's set-up info (rank, host, device), in rank order."""
+    config = job.config
     versions = {name: _installed(name) for name in ("torch", "torchvision", "numpy", "h5py", "mpi4py", "mpich")}
     versions["hpcfl"] = _version.version()
     return {"versions": versions, "git_commit": git_commit(), "world_size": len(reports),
             "hostnames": [r["host"] for r in reports], "devices": [r["device"] for r in reports],
             "setup_max_rss_bytes": [r["setup_max_rss_bytes"] for r in reports],
             "setup_s": [round(r["setup_s"], 4) for r in reports],
-            "study": config.run.study, "run": config.run_name, "status": "running",
-            "resolved": resolved_params(config),
+            "study": config.run.study, "run": job.run_name, "status": "running",
+            "resolved": job.tables,
             "plugins": plugins({"data.dataset": [config.data.dataset], "data.partition": [config.data.partition],
-                                "model.name": list(config.architectures),
+                                "model.name": list(job.models),
                                 "algorithm.name": [config.algorithm.name],
                                 "algorithm.terms": list(config.algorithm.terms)})}

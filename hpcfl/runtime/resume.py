@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcfl.config import NON_RESULT_KEYS, JobConfig, current_names
+from hpcfl.config import NON_RESULT_KEYS, current_names
 from hpcfl.errors import HpcflError, ResultsError
+from hpcfl.jobs import Resolved
 from hpcfl.metrics import read_run
 from hpcfl.runtime.checkpoint import FORMAT, MANIFEST, checkpoint_root, latest, load, load_clients, save
 from hpcfl.runtime.lock import claim
@@ -32,13 +33,13 @@ class RunCompleted(HpcflError):
 STOP = threading.Event()        # set by the launcher's USR1/TERM/INT handler: checkpoint after this round and stop
 
 
-def resume_point(config: JobConfig) -> tuple[bool, int, Path | None]:
+def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
     """Rank 0, before anything is built: (result file exists, rounds done, checkpoint folder). A
     result path that a symbolic link leads out of the results root is refused; the path is claimed
     for this run (hpcfl.runtime.lock: one writer per result file); a complete run raises
     RunCompleted; an unfinished one with the same configuration resumes from its newest intact
     checkpoint (or from round 0 without one)."""
-    path = config.result_path
+    config, path = job.config, job.result_path
     root, target = Path(config.run.results_root).resolve(), path.resolve()
     if not target.is_relative_to(root):
         raise ResultsError(f"result file {path} resolves to {target}, outside run.results_root {root} (a symbolic "

@@ -213,3 +213,15 @@ def test_compact_keeps_every_value_of_a_completed_run_in_a_smaller_file(tmp_path
     with h5py.File(path, "r") as file:                                  # compressed from 4 KiB, contiguous below
         assert file["shared_samples"].compression == "gzip" and file["client/train_loss"].compression is None
         assert file["client/train_loss"].chunks is None
+
+
+def test_create_writes_the_fixed_arrays_and_a_bad_one_leaves_no_file(tmp_path):
+    path = tmp_path / "r.h5"
+    Recorder.create(path, {"name": "x"}, {"partition": np.arange(6).reshape(2, 3), "example/test_size": np.int64(7)}
+                    ).close()
+    run = read_run(path)
+    np.testing.assert_array_equal(run.arrays["partition"], [[0, 1, 2], [3, 4, 5]])
+    assert int(run.arrays["example/test_size"]) == 7 and run.attrs["name"] == "x"
+    with pytest.raises(ResultsError, match="cannot store array 'bad'"):
+        Recorder.create(tmp_path / "s.h5", {}, {"partition": np.arange(3), "bad": np.array([object()])})
+    assert not (tmp_path / "s.h5").exists()         # the corrected retry is not refused

@@ -13,7 +13,7 @@ import torch
 
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.config import apply_overrides
-from hpcfl.jobs import job_from_dict
+from hpcfl.jobs import job_from_dict, resolve
 from hpcfl.metrics import read_run
 from hpcfl.runtime.build import setup
 from hpcfl.runtime.loop import run
@@ -44,7 +44,7 @@ def _job(algorithm: str, root: str, name: str, *overrides: str):
 
 
 def _execute(config, transport):
-    job = setup(config, transport, None)
+    job = setup(resolve(config), transport, None)
     run(job)
     if job.recorder:
         job.recorder.close()

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+import hpcfl.data.splits as splits
 import hpcfl.runtime.build as build
 from hpcfl.data.datasets import load_dataset
-from hpcfl.jobs import job_from_dict
+from hpcfl.jobs import job_from_dict, resolve
 from hpcfl.metrics import read_run
 from hpcfl.runtime.loop import run
 from hpcfl.transport import LocalTransport
@@ -37,9 +38,9 @@ def _run(tmp_path, case: str, pixels: bool, monkeypatch):
         loaded.append(data if pixels else dataclasses.replace(data, train_pixels=None))   # float32 rows
         return loaded[-1]
 
-    monkeypatch.setattr(build, "load_dataset", load)
+    monkeypatch.setattr(splits, "load_dataset", load)
     config = job_from_dict(raw)
-    job = build.setup(config, LocalTransport({}), None)
+    job = build.setup(resolve(config), LocalTransport({}), None)
     clients = list(job.worker.clients.values())
     assert all((c.x.dtype == torch.uint8) == pixels for c in clients)
     run(job)

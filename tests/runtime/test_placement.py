@@ -1,6 +1,7 @@
 """assign_clients: deterministic, counts balanced to +-1, data sizes balanced within that; deal_cohort
 (per-round placement): longest first, within Graham's bound of the best split; idle_workers names the
-ranks that would never train, and a launch with such ranks warns; pick_device."""
+ranks that would never train, and a launch with such ranks warns; pick_device; `place` decides them all
+once, and its record hosts each round's cohort."""
 from collections import Counter
 
 import numpy as np
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from hpcfl.errors import ConfigError
+from hpcfl.jobs import job_from_dict
 from hpcfl.logs import configure
-from hpcfl.runtime.placement import assign_clients, deal_cohort, idle_workers, pick_device, worker_ranks
+from hpcfl.runtime.placement import assign_clients, deal_cohort, idle_workers, pick_device, place, worker_ranks
 
 
 def check_counts(assignment, n_clients, workers):
@@ -174,3 +176,19 @@ def test_a_launch_with_more_workers_than_clients_names_the_idle_ranks(tiny_job, 
                     "--set", "train.clients_per_round=2", ranks=4)
     assert result.returncode == 0, result.stderr
     assert "rank(s) 3 will host no client in any round" in result.stderr and "mpirun -np 3" in result.stderr
+
+
+def test_a_placement_is_decided_once_and_hosts_each_round_as_it_says():
+    config = job_from_dict({"run": {"device": "cpu", "memory_format": "contiguous"}, "data": {"num_clients": 4},
+                            "train": {"clients_per_round": 2, "batch_size": 10}})
+    sizes = np.array([40, 10, 25, 5])
+    fixed = place(config, 3, 0, sizes, moving=False)
+    assert fixed.device == torch.device("cpu") and fixed.memory_format == torch.contiguous_format
+    # largest first to the least-loaded worker, two clients each: 0 (40) -> 1, 2 (25) -> 2, 1 (10) -> 2, 3 (5) -> 1
+    assert fixed.workers == [1, 2] and fixed.homes == {0: 1, 2: 2, 1: 2, 3: 1}
+    assert fixed.cost is None and fixed.idle == [] and fixed.hosts([3, 1]) == {3: 1, 1: 2}
+    moving = place(config, 4, 0, sizes, moving=True)
+    np.testing.assert_array_equal(moving.cost, [4, 1, 3, 1])           # batches of 10 per epoch
+    # dealt afresh, the costliest first: 2 (3 batches) -> 1, 1 (1 batch) -> 2, where fixed homes are both rank 2
+    assert moving.hosts([1, 2]) == {2: 1, 1: 2} and moving.idle == [3]     # 2 per round: rank 3 never trains
+    assert place(config, 1, 0, sizes, moving=False).hosts([2]) == {2: 0}

@@ -11,7 +11,7 @@ from hpcfl.data.datasets import load_dataset
 from hpcfl.data.partition import count_matrix, partition
 from hpcfl.data.splits import training_subset, validation_split
 from hpcfl.errors import ConfigError
-from hpcfl.jobs import job_from_dict
+from hpcfl.jobs import job_from_dict, resolve
 from hpcfl.metrics import read_run
 from hpcfl.models.evaluation import evaluate
 from hpcfl.runtime.build import SetupFailed, setup
@@ -27,7 +27,7 @@ def _run(tmp_path, name, *overrides, keep_job=False):
            "eval": {"every": 2}}
     config = job_from_dict(apply_overrides(raw, list(overrides)))
     transport = LocalTransport({})
-    job = setup(config, transport, None)
+    job = setup(resolve(config), transport, None)
     run(job)
     job.recorder.close()
     transport.close()
@@ -92,15 +92,15 @@ def test_set_up_takes_each_clients_rows_from_the_pixels(tmp_path, monkeypatch):
     """The runner never makes the float32 copy of a whole image set (most of a new run's set-up): CPU
     clients hold their uint8 pixels and normalise what they take, validation rows are normalised from
     the pixels, all to the floats of the whole set."""
-    import hpcfl.runtime.build as build
+    import hpcfl.data.splits as splits
 
     loaded = []
-    monkeypatch.setattr(build, "load_dataset", lambda *a, **k: loaded.append(load_dataset(*a, **k)) or loaded[-1])
+    monkeypatch.setattr(splits, "load_dataset", lambda *a, **k: loaded.append(load_dataset(*a, **k)) or loaded[-1])
     config = job_from_dict({"run": {"study": "p", "name": "px", "rounds": 1, "results_root": str(tmp_path)},
                             "data": {"dataset": "fashion_mnist", "num_clients": 4, "train_samples": 400,
                                      "validation_fraction": 0.25},
                             "train": {"clients_per_round": 2}})
-    job = setup(config, LocalTransport({}), None)
+    job = setup(resolve(config), LocalTransport({}), None)
     job.recorder.close()
     data, = loaded
     assert "train_x" not in vars(data)

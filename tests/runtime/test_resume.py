@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import CHECKPOINTED_JOB
 
-from hpcfl.jobs import load_job
+from hpcfl.jobs import load_job, resolve
 from hpcfl.launch import main
 from hpcfl.logs import LOG, configure
 from hpcfl.metrics import read_run
@@ -231,7 +231,7 @@ def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(
         configure(transport.rank, run=name)
         if stop_after and transport.is_server:
             LOG.addHandler(StopAfter(stop_after))
-        job = setup(config, transport, None)
+        job = setup(resolve(config), transport, None)
         finished = run(job)
         STOP.clear()
         if job.recorder:

@@ -46,7 +46,7 @@ class _HostReads(torch.overrides.TorchFunctionMode):
 def test_local_training_never_reads_the_device_per_batch(algorithm, tiny_job, tmp_path):
     """Host reads (each drains a GPU's queue) come per client (FedAvg: its loss and the NaN/Inf check;
     state moved to the CPU: one per tensor) and per round, never per batch: 1 and 4 epochs read alike."""
-    from hpcfl.jobs import load_job
+    from hpcfl.jobs import load_job, resolve
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
     from hpcfl.transport import LocalTransport
@@ -55,7 +55,7 @@ def test_local_training_never_reads_the_device_per_batch(algorithm, tiny_job, tm
     for epochs in (1, 4):
         config = load_job(tiny_job(algorithm, rounds=1), [f"train.local_epochs={epochs}", "eval.every=2",
                                                           f"run.results_root='{tmp_path}'", f"run.name='e{epochs}'"])
-        job = setup(config, LocalTransport({}), None)
+        job = setup(resolve(config), LocalTransport({}), None)
         with _HostReads() as counter:
             run(job)
         job.recorder.close()
