@@ -126,15 +126,8 @@ def _build(job: Resolved, transport: Transport, data_root, local_rank, info) -> 
     info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
     # 4. the models and the algorithm
     models = build_models(config, split.data.input_shape, split.data.num_classes, device, job, placement.memory_format)
-    model = models[config.architectures[0]]       # the server's (the global model's architecture)
-    setup_ = Setup.of(config, model, split.counts, test_size=int(split.data.test_y.shape[0]), terms=job.terms)
-    algorithm = wrap(job.algorithm_class(job.algorithm, setup_))
-    two_views = [t.name for t in algorithm.terms if t.views == 2]
-    if two_views and split.data.mean is None:
-        raise ConfigError(f"{two_views} augment images into two views, but data set '{split.data.name}' has no "
-                          "images; drop the term or pick an image data set")
-    if any(t.needs_shared for t in algorithm.terms):
-        split.shared = shared_set(split.data.train_y.numpy(), split.data.num_classes, job.data_seed)
+    model = models[job.client_architectures[0]]   # the server's (the global model's architecture)
+    algorithm = _algorithm(job, model, split)
     # 5. this rank's part
     worker = _worker(job, transport, split, models, algorithm, device) if transport.rank in placement.workers else None
     server, recorder = (_server(job, transport, split, model, algorithm, device, models, placement, resume_file,
@@ -145,6 +138,21 @@ def _build(job: Resolved, transport: Transport, data_root, local_rank, info) -> 
     return Job(config, transport, algorithm, worker, server, recorder, cohorts, split.data.num_classes,
                _client_metrics(config, algorithm), placement, local_test_sizes=split.local_test_sizes,
                extensions=[Forgetting()] if config.eval.forgetting else [])
+
+
+def _algorithm(job: Resolved, model, split: ClientData) -> Algorithm | WithAnchors:
+    """The algorithm, in FedFM's anchor phase where its job matches features (anchored.wrap), and what
+    its terms need of the data: images for two views, the shared set S (added to `split`)."""
+    data = split.data
+    setup = Setup.of(job.config, model, split.counts, test_size=int(data.test_y.shape[0]), terms=job.terms)
+    algorithm = wrap(job.algorithm_class(job.algorithm, setup))
+    two_views = [t.name for t in algorithm.terms if t.views == 2]
+    if two_views and data.mean is None:
+        raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no "
+                          "images; drop the term or pick an image data set")
+    if any(t.needs_shared for t in algorithm.terms):
+        split.shared = shared_set(data.train_y.numpy(), data.num_classes, job.data_seed)
+    return algorithm
 
 
 def _worker(job: Resolved, transport: Transport, split: ClientData, models: dict, algorithm, device) -> Worker:
