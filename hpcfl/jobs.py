@@ -13,7 +13,8 @@ from hpcfl.params import model_params
 @dataclass(frozen=True)
 class Resolved:
     """A job as its run uses it: the configuration, each parameter table as its dataclass with the job's
-    values over the defaults, and what set-up derives from them, the same on every rank."""
+    values over the defaults, and what set-up derives from them, the same on every rank (the run's
+    name, result path and split seed are the config's own: `config.run_name`, ...)."""
     config: JobConfig
     algorithm_class: type       # the Algorithm subclass algorithm.name names
     algorithm: object           # its Params
@@ -23,9 +24,6 @@ class Resolved:
     partition: dict             # data.partition_params with the scheme's defaults
     moving: bool                # each round's cohort is dealt to the workers afresh (Algorithm.moves_clients)
     client_architectures: tuple[str, ...]   # client k's architecture
-    run_name: str
-    result_path: Path
-    data_seed: int
     tables: dict                # every parameter table as the run uses it, in the job file's form (`_tables`)
 
 
@@ -79,8 +77,8 @@ def resolve(config: JobConfig) -> Resolved:
                           f"'{config.algorithm.name}' does not have; set eval.forgetting = false")
     dealt = config.model.architectures or [config.model.name]
     return Resolved(config, cls, algorithm, terms, adapting, models, partition, cls.moves_clients(config),
-                    tuple(dealt[k % len(dealt)] for k in range(config.data.num_clients)), config.run_name,
-                    config.result_path, config.data_seed, _tables(algorithm, terms, models, partition))
+                    tuple(dealt[k % len(dealt)] for k in range(config.data.num_clients)),
+                    _tables(algorithm, terms, models, partition))
 
 
 def _tables(algorithm, terms: dict, models: dict, partition: dict) -> dict:

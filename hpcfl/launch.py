@@ -154,13 +154,13 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
     from hpcfl.transport import LocalTransport
 
     resolved = prepare(job, overrides)
-    configure(0, "WARNING" if quiet else None, run=resolved.run_name)
+    configure(0, "WARNING" if quiet else None, run=resolved.config.run_name)
     transport = LocalTransport({})
     try:
         try:
             state = setup(resolved, transport, data_root, 0)
         except RunCompleted:
-            return resolved.result_path
+            return resolved.config.result_path
         status = "failed"
         try:
             status = "completed" if run(state) else "interrupted"
@@ -169,7 +169,7 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
     finally:
         transport.close()
         release()
-    return resolved.result_path
+    return resolved.config.result_path
 
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
@@ -188,7 +188,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
             return Exit.DONE
         transport, local_rank = make_transport()
         transport.timeout_s = resolved.config.run.round_timeout_s
-        configure(transport.rank, args.log_level, args.log_dir, resolved.run_name)
+        configure(transport.rank, args.log_level, args.log_dir, resolved.config.run_name)
         job = setup(resolved, transport, args.data_root, local_rank)
     except RunCompleted as done:          # raised on every rank alike, as SetupFailed: all close together
         LOG.info(str(done))

@@ -103,11 +103,12 @@ def test_a_job_is_resolved_once_into_what_set_up_builds_from(tmp_path):
                     '[train]\nclients_per_round = 2\n')
     job = prepare(path)
     assert job.client_architectures == ("fmnist_cnn", "fmnist_cnn_wide", "fmnist_cnn", "fmnist_cnn", "fmnist_cnn_wide")
-    assert list(job.models) == ["fmnist_cnn", "fmnist_cnn_wide"] and job.data_seed == 7
-    assert job.run_name == "fedproto-iid-seed3" and job.result_path == Path("results/default/fedproto-iid-seed3.h5")
+    assert list(job.models) == ["fmnist_cnn", "fmnist_cnn_wide"] and job.config.data_seed == 7
+    assert job.config.run_name == "fedproto-iid-seed3"
+    assert job.config.result_path == Path("results/default/fedproto-iid-seed3.h5")
     assert prepare(job.config) == job == prepare(job.config.to_dict())      # a file, its tables or a JobConfig
     overridden = prepare(path, ["data.num_clients=2", "data.seed=-1"])
-    assert overridden.client_architectures == ("fmnist_cnn", "fmnist_cnn_wide") and overridden.data_seed == 3
+    assert overridden.client_architectures == ("fmnist_cnn", "fmnist_cnn_wide") and overridden.config.data_seed == 3
     assert prepare({}).moving and not prepare({"run": {"placement": "fixed"}}).moving    # fedavg's clients keep nothing
     assert not prepare({"algorithm": {"name": "scaffold"}}).moving                      # its control variates stay
     assert not prepare({"algorithm": {"terms": ["moon"]}}).moving                         # MOON keeps the last model

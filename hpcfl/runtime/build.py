@@ -100,7 +100,7 @@ def _raise_failures(built: Job | None, job: Resolved, transport: Transport, repo
         if built and built.recorder:      # this rank was fine but another was not
             built.recorder.close()
             if not reports[0].get("resume_file"):    # leave no file we created; keep one we resumed
-                job.result_path.unlink(missing_ok=True)
+                job.config.result_path.unlink(missing_ok=True)
         raise SetupFailed("\n".join(failed))
 
 
@@ -151,7 +151,7 @@ def _algorithm(job: Resolved, model, split: ClientData) -> Algorithm | WithAncho
         raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no "
                           "images; drop the term or pick an image data set")
     if any(t.needs_shared for t in algorithm.terms):
-        split.shared = shared_set(data.train_y.numpy(), data.num_classes, job.data_seed)
+        split.shared = shared_set(data.train_y.numpy(), data.num_classes, job.config.data_seed)
     return algorithm
 
 
@@ -192,11 +192,11 @@ def _server(job: Resolved, transport: Transport, split: ClientData, model, algor
     validation = data.train_rows(np.concatenate(split.val_parts)) if config.data.validation_fraction > 0 else None
     server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device, validation=validation)
     if resume_file:
-        recorder = Recorder.reopen(job.result_path, rounds)
+        recorder = Recorder.reopen(job.config.result_path, rounds)
     else:
         arrays = {"partition": split.counts, "example/test_size": np.int64(data.test_y.shape[0]),
                   "example/local_test_sizes": split.local_test_sizes, "shared_samples": split.shared}
-        recorder = Recorder.create(job.result_path, {"config": json.loads(config.to_json())},
+        recorder = Recorder.create(job.config.result_path, {"config": json.loads(config.to_json())},
                                    {name: value for name, value in arrays.items() if value is not None})
     _announce(job, transport, split, models, placement)
     return server, recorder
@@ -209,7 +209,7 @@ def _announce(job: Resolved, transport: Transport, split: ClientData, models: di
              f"{config.data.partition_params}), {len(sizes)} clients (samples min/median/max "
              f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
              f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
-             f"{transport.size} rank(s); results -> {job.result_path}")
+             f"{transport.size} rank(s); results -> {job.config.result_path}")
     if placement.idle and transport.size > 1:
         most = len(workers) - len(placement.idle)
         LOG.warning(f"rank(s) {', '.join(map(str, placement.idle))} will host no client in any round ({len(workers)} "

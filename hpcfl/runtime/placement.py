@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hpcfl.config import JobConfig
 from hpcfl.errors import ConfigError
 
 LOG = logging.getLogger(__name__)
@@ -36,8 +37,8 @@ class Placement:
         return {c: self.homes[c] for c in cohort} if self.cost is None else deal_cohort(cohort, self.cost, self.workers)
 
 
-def place(config, size: int, local_rank: int, sizes: np.ndarray, moving: bool) -> Placement:
-    """The placement of a job (hpcfl.config.JobConfig) on `size` ranks, for the rank that is `local_rank`
+def place(config: JobConfig, size: int, local_rank: int, sizes: np.ndarray, moving: bool) -> Placement:
+    """The placement of a job on `size` ranks, for the rank that is `local_rank`
     on its node, given each client's training samples; `moving`: each round's cohort is dealt afresh."""
     device = pick_device(config.run.device, local_rank)
     workers = worker_ranks(size)

@@ -43,7 +43,7 @@ def run_attributes(job: Resolved, reports: list[dict]) -> dict:
             "hostnames": [r["host"] for r in reports], "devices": [r["device"] for r in reports],
             "setup_max_rss_bytes": [r["setup_max_rss_bytes"] for r in reports],
             "setup_s": [round(r["setup_s"], 4) for r in reports],
-            "study": config.run.study, "run": job.run_name, "status": "running",
+            "study": config.run.study, "run": config.run_name, "status": "running",
             "resolved": job.tables,
             "plugins": plugins({"data.dataset": [config.data.dataset], "data.partition": [config.data.partition],
                                 "model.name": list(job.models),

@@ -39,7 +39,7 @@ def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
     for this run (hpcfl.runtime.lock: one writer per result file); a complete run raises
     RunCompleted; an unfinished one with the same configuration resumes from its newest intact
     checkpoint (or from round 0 without one)."""
-    config, path = job.config, job.result_path
+    config, path = job.config, job.config.result_path
     root, target = Path(config.run.results_root).resolve(), path.resolve()
     if not target.is_relative_to(root):
         raise ResultsError(f"result file {path} resolves to {target}, outside run.results_root {root} (a symbolic "
