@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     if command in ("-V", "--version"):
-        from hpcfl.runtime.provenance import git_commit
+        from hpcfl._version import git_commit
 
         commit = git_commit()
         print(f"hpcfl {hpcfl.__version__}" + (f" (commit {commit})" if commit != "unknown" else ""))

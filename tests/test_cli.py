@@ -16,12 +16,12 @@ from helpers import MPIRUN, launch
 
 import hpcfl
 from hpcfl import _version
+from hpcfl._version import git_commit
 from hpcfl.algorithms import ALGORITHMS
 from hpcfl.cli import main
 from hpcfl.errors import EXIT_MEANING, Exit
 from hpcfl.models import model_options
 from hpcfl.runtime.lock import STALE_S, lock_path
-from hpcfl.runtime.provenance import git_commit
 from hpcfl.testing import assert_same_metrics, run_metrics
 
 SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip installed beside this Python

@@ -37,11 +37,32 @@ def cluster(tmp_path_factory):
 
 def _sbatch(env, tmp_path, *args, wait=True, status=0) -> str:
     """Submit a 3-task job; with `wait`, until it ends with exit `status`. Returns the job id."""
-    out = subprocess.run(["sbatch", "--parsable", *(["--wait"] if wait else []), "-n", "3",
-                          "-o", str(tmp_path / "slurm-%j.out"), *map(str, args)],
-                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert out.returncode == status, out.stderr
-    return out.stdout.strip().split(";")[0]
+    out = subprocess.run(["sbatch", "--parsable", "-n", "3", "-o", str(tmp_path / "slurm-%j.out"), *map(str, args)],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    jid = out.stdout.strip().split(";")[0]
+    if wait:
+        assert _exit_codes(env, jid) == {status}
+    return jid
+
+
+def _exit_codes(env, jid: str, timeout: float = 300) -> set[int]:
+    """The exit codes of job `jid`'s tasks (each of an array's), once every task has ended. Polled here:
+    `sbatch --wait` sleeps 2, 8, then 32 s between its own polls, which cost the suite a minute."""
+    records = []
+
+    def ended():
+        shown = subprocess.run(["scontrol", "-o", "show", "job", jid], env=env, capture_output=True, text=True,
+                               timeout=30).stdout.splitlines()
+        records[:] = [dict(field.split("=", 1) for field in line.split() if "=" in field) for line in shown]
+        return bool(records) and all(r["JobState"] in ENDED for r in records)
+
+    _until(ended, timeout, f"job {jid} to end")
+    return {int(r["ExitCode"].split(":")[0]) for r in records}
+
+
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED"}
 
 
 def _until(predicate, timeout, what):
@@ -133,10 +154,11 @@ def test_hpcfl_sweep_submit_sizes_the_job_array_itself(cluster, tmp_path):
     job.write_text(JOB.replace("rounds = 6", "rounds = 2") + '[sweep]\ngrid = { "train.lr" = [0.05, 0.1] }\n')
     out = subprocess.run([sys.executable, "-m", "hpcfl.cli", "sweep", str(job), "--submit", "--max-concurrent", "1",
                           "--script", str(SLURM / "sweep.sbatch"), "--results-root", str(tmp_path / "results"), "--",
-                          "--wait", "-n", "3", "-o", str(tmp_path / "slurm-%A_%a.out")],
-                         env=cluster, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          "--parsable", "-n", "3", "-o", str(tmp_path / "slurm-%A_%a.out")],
+                         env=cluster, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "hpcfl: 2 points: sbatch --array=0-1%1 --wait" in out.stdout
+    assert "hpcfl: 2 points: sbatch --array=0-1%1 --parsable" in out.stdout
+    assert _exit_codes(cluster, out.stdout.split()[-1].split(";")[0]) == {0}
     for name in ("sweep-0.05-seed0", "sweep-0.1-seed0"):
         assert read_run(tmp_path / "results" / "slurm" / f"{name}.h5").attrs["status"] == "completed"
 

@@ -4,6 +4,8 @@ final accuracy, its mean over the last k evaluations and its value at the best-v
 Table IV), rounds to reach a target with the speed-up over a baseline (FedKA
 Table 2), personalised accuracy across clients (FedClassAvg Table 2), the forgetting degree per
 class (FedKA eq. 1), and where the time and bytes went; rendered as Markdown, CSV or LaTeX."""
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -150,6 +152,13 @@ def personalised(results: Results, by: list[str]) -> pd.DataFrame:
                                   std_across_clients=("std_across_clients", "mean")).reset_index()
 
 
+def _nanmean(values, axis=None):
+    """np.nanmean, NaN without a warning where every value is NaN (a class role no client has)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(values, axis=axis)
+
+
 def forgetting(results: Results, by: list[str], gamma: float | None = None) -> pd.DataFrame:
     """Per group: FedKA's forgetting degree (eq. 1) per class, averaged over rounds and sampled clients,
     then over the group's runs (runs made with eval.forgetting); and per class role of Definition 1
@@ -174,7 +183,7 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
                 masks = class_categories(counts, gamma or 1.0 / counts.shape[1])
                 per_role.append([np.nanmean(degree[:, m]) if m.any() else np.nan for m in masks])
         if per_class or unfinished:
-            roles = np.nanmean(per_role, axis=0) if per_role else [np.nan] * 3
+            roles = _nanmean(per_role, axis=0) if per_role else [np.nan] * 3
             # strict=False: with no `by`, _grouped keys the one group "all", which names no column
             rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=False)),
                          "runs": len(per_class),

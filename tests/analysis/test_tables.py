@@ -353,6 +353,7 @@ def test_compare_pairs_sweep_arms_that_set_several_keys_within_each_grid_value(t
     assert rows[0.5]["effect_mean"] == pytest.approx(-0.029) and rows[0.5]["verdict"] == "worse"
 
 
+@pytest.mark.filterwarnings("error")            # a role no client has is NaN, without a warning
 def test_forgetting_per_class_role_reads_each_clients_partition(tmp_path):
     """Client 0 holds classes 5 / 0 / 1 (dominant, missing, non-dominant at gamma 1/3), client 1 0 / 3 / 3
     (missing, dominant, dominant); each role's degree is the mean over its (client, class) cells."""
