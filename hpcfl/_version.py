@@ -5,9 +5,9 @@ provenance).
 
 The version is written once, as pyproject.toml's `[project] version`, and read from the package
 metadata it becomes: an installed hpcfl's distribution metadata (importlib.metadata), or, run from
-a source tree (a checkout on PYTHONPATH or installed in editable mode), the pyproject.toml beside the
-package, which is what the tree's code is (as `git_commit` prefers the checkout's HEAD). The commit
-an install was built from is the one hpcfl/_commit.py names, written when hpcfl is built
+a source tree (a checkout on PYTHONPATH or installed in editable mode), the pyproject.toml beside
+the package, which is what the tree's code is (as `git_commit` prefers the checkout's HEAD). The
+commit an install was built from is the one hpcfl/_commit.py names, written when hpcfl is built
 (build-backend/hpcfl_build.py).
 """
 import functools
@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent          # the hpcfl folder in use
 
 @functools.cache
 def version() -> str:
-    """The version of the hpcfl in use: its source tree's, else its installed distribution's, else 'unknown'."""
+    """The version of the hpcfl in use: its source tree's, else its installed distribution's, else
+    'unknown'."""
     tree = PACKAGE.parent / "pyproject.toml"
     if tree.is_file():
         import tomllib
@@ -56,8 +57,9 @@ def git_commit() -> str:
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel", "HEAD"],
                               capture_output=True, text=True, timeout=5)
-        if head.returncode != 0 or Path(head.stdout.split()[0]).resolve() != PACKAGE.resolve().parent:
-            return built                            # not a checkout of hpcfl (an install inside another repo)
+        if (head.returncode != 0
+                or Path(head.stdout.split()[0]).resolve() != PACKAGE.resolve().parent):
+            return built    # not a checkout of hpcfl (an install inside another repo)
         dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):

@@ -50,7 +50,8 @@ class Job:
     """A job built on one rank: what the round loop (hpcfl.runtime.loop) runs."""
     config: JobConfig
     transport: Transport
-    algorithm: Algorithm | WithAnchors    # the algorithm, or it inside FedFM's anchor phase (anchored.wrap)
+    # the algorithm, or it inside FedFM's anchor phase (anchored.wrap)
+    algorithm: Algorithm | WithAnchors
     worker: Worker | None
     server: Server | None
     recorder: Recorder | None
@@ -58,19 +59,22 @@ class Job:
     num_classes: int
     client_metrics: tuple[str, ...]       # the report's CLIENT_METRICS this run records
     placement: Placement
-    local_test_sizes: np.ndarray | None = None    # each client's own test examples (data.local_test_ratio)
-    start_round: int = 0                  # > 0: resumed from a checkpoint taken after this many rounds
-    extensions: list = field(default_factory=list)    # evaluations the job turns on (eval.forgetting)
+    # each client's own test examples (data.local_test_ratio)
+    local_test_sizes: np.ndarray | None = None
+    # > 0: resumed from a checkpoint taken after this many rounds
+    start_round: int = 0
+    # evaluations the job turns on (eval.forgetting)
+    extensions: list = field(default_factory=list)
 
 
 def setup(job: Resolved, transport: Transport, data_root: str | None, local_rank: int = 0) -> Job:
-    """Build everything on every rank from the job resolved (hpcfl.jobs.prepare); raise SetupFailed on
-    all ranks if any rank failed."""
+    """Build everything on every rank from the job resolved (hpcfl.jobs.prepare); raise SetupFailed
+    on all ranks if any rank failed."""
     info = {"rank": transport.rank, "host": socket.gethostname(), "error": None}
     start = time.perf_counter()
     try:
         built = _build(job, transport, data_root, local_rank, info)
-        info["setup_max_rss_bytes"] = peak_bytes()             # before the rounds reset the high-water mark
+        info["setup_max_rss_bytes"] = peak_bytes()    # before the rounds reset the high-water mark
         info["setup_s"] = time.perf_counter() - start
     except RunCompleted as done:
         built, info["completed"] = None, str(done)
@@ -93,8 +97,10 @@ def setup(job: Resolved, transport: Transport, data_root: str | None, local_rank
     return built
 
 
-def _raise_failures(built: Job | None, job: Resolved, transport: Transport, reports: list[dict]) -> None:
-    failed = [r["error"] if transport.size == 1 else f"rank {r['rank']} on {r['host']}: {r['error']}"
+def _raise_failures(built: Job | None, job: Resolved, transport: Transport,
+                    reports: list[dict]) -> None:
+    failed = [r["error"] if transport.size == 1
+              else f"rank {r['rank']} on {r['host']}: {r['error']}"
               for r in reports if r["error"]]
     if failed:
         if built and built.recorder:      # this rank was fine but another was not
@@ -117,110 +123,129 @@ def _build(job: Resolved, transport: Transport, data_root, local_rank, info) -> 
     resume_file, rounds, checkpoint = resume_point(job) if transport.is_server else (False, 0, None)
     info.update(resume_file=resume_file, resume=rounds, checkpoint=str(checkpoint or ""))
     # 2. the data
-    split = split_data(config, data_root, train_images=transport.rank in worker_ranks(transport.size))
+    split = split_data(config, data_root,
+                       train_images=transport.rank in worker_ranks(transport.size))
     # 3. the placement
     placement = place(config, transport.size, local_rank, split.counts.sum(1), job.moving)
     transport.client_rank = placement.homes
     torch.set_num_threads(config.run.threads)
     device = placement.device
-    info["device"] = str(device if device.type == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})")
+    info["device"] = str(device if device.type == "cpu"
+                         else f"{device} ({torch.cuda.get_device_name(device)})")
     # 4. the models and the algorithm
-    models = build_models(config, split.data.input_shape, split.data.num_classes, device, job, placement.memory_format)
+    models = build_models(config, split.data.input_shape, split.data.num_classes, device, job,
+                          placement.memory_format)
     model = models[job.client_architectures[0]]   # the server's (the global model's architecture)
     algorithm = _algorithm(job, model, split)
     # 5. this rank's part
-    worker = _worker(job, transport, split, models, algorithm, device) if transport.rank in placement.workers else None
-    server, recorder = (_server(job, transport, split, model, algorithm, device, models, placement, resume_file,
-                                rounds) if transport.is_server else (None, None))
+    worker = (_worker(job, transport, split, models, algorithm, device)
+              if transport.rank in placement.workers else None)
+    server, recorder = (_server(job, transport, split, model, algorithm, device, models, placement,
+                                resume_file, rounds) if transport.is_server else (None, None))
     # 6. the cohorts
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
-    return Job(config, transport, algorithm, worker, server, recorder, cohorts, split.data.num_classes,
-               _client_metrics(config, algorithm), placement, local_test_sizes=split.local_test_sizes,
+    return Job(config, transport, algorithm, worker, server, recorder, cohorts,
+               split.data.num_classes, _client_metrics(config, algorithm), placement,
+               local_test_sizes=split.local_test_sizes,
                extensions=[Forgetting()] if config.eval.forgetting else [])
 
 
 def _algorithm(job: Resolved, model, split: ClientData) -> Algorithm | WithAnchors:
-    """The algorithm, in FedFM's anchor phase where its job matches features (anchored.wrap), and what
-    its terms need of the data: images for two views, the shared set S (added to `split`)."""
+    """The algorithm, in FedFM's anchor phase where its job matches features (anchored.wrap), and
+    what its terms need of the data: images for two views, the shared set S (added to `split`)."""
     data = split.data
-    setup = Setup.of(job.config, model, split.counts, test_size=int(data.test_y.shape[0]), terms=job.terms)
+    setup = Setup.of(job.config, model, split.counts, test_size=int(data.test_y.shape[0]),
+                     terms=job.terms)
     algorithm = wrap(job.algorithm_class(job.algorithm, setup))
     two_views = [t.name for t in algorithm.terms if t.views == 2]
     if two_views and data.mean is None:
-        raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' has no "
-                          "images; drop the term or pick an image data set")
+        raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' "
+                          "has no images; drop the term or pick an image data set")
     if any(t.needs_shared for t in algorithm.terms):
         split.shared = shared_set(data.train_y.numpy(), data.num_classes, job.config.data_seed)
     return algorithm
 
 
-def _worker(job: Resolved, transport: Transport, split: ClientData, models: dict, algorithm, device) -> Worker:
-    """A worker rank's part: the clients it hosts (every client when clients move), on its device, with
-    their held-out sets and state, and the local trainers."""
+def _worker(job: Resolved, transport: Transport, split: ClientData, models: dict, algorithm,
+            device) -> Worker:
+    """A worker rank's part: the clients it hosts (every client when clients move), on its device,
+    with their held-out sets and state, and the local trainers."""
     config, data, clients = job.config, split.data, {}
     tested = algorithm.traits.client_test or config.eval.forgetting
     test_set = _on(device, data.test_x, data.test_y) if tested else None
     shared = _on(device, *data.train_rows(split.shared)) if split.shared is not None else None
-    pixels = device.type == "cpu" and data.train_pixels is not None   # uint8 rows, normalised per batch
+    # uint8 rows, normalised per batch
+    pixels = device.type == "cpu" and data.train_pixels is not None
     normalization = data.pixel_normalization() if pixels else None
     for cid, rank in transport.client_rank.items():
         if not (job.moving or rank == transport.rank):
             continue
-        client = clients[cid] = Client(cid, *_on(device, *data.train_rows(split.parts[cid], normalised=not pixels)),
-                                       split.counts[cid], job.client_architectures[cid], normalization=normalization)
+        client = clients[cid] = Client(
+            cid, *_on(device, *data.train_rows(split.parts[cid], normalised=not pixels)),
+            split.counts[cid], job.client_architectures[cid], normalization=normalization)
         if len(split.val_parts[cid]):
             client.eval_sets["val"] = _on(device, *data.train_rows(split.val_parts[cid]))
         if split.local_tests is not None:
             rows = split.local_tests[cid]
-            client.eval_sets["local_test"] = _on(device, take(data.test_x, rows), take(data.test_y, rows))
+            client.eval_sets["local_test"] = _on(device, take(data.test_x, rows),
+                                                 take(data.test_y, rows))
         client.test_set, client.shared = test_set, shared
         client.state = owned(algorithm.init_client_state(client, models[client.architecture]),
                              f"{algorithm.name}.init_client_state")
     trainer = LocalTrainer(config.train, config.run.seed, (data.mean, data.std))
     group = group_size(config, job.algorithm_class, models.values(), device)
     batched = BatchedTrainer(trainer, models.values(), group) if group else None
-    return Worker(algorithm, clients, models, trainer, device, data.num_classes, config.eval.batch_size,
-                  config.train.on_nonfinite == "drop", batched, job.moving)
+    return Worker(algorithm, clients, models, trainer, device, data.num_classes,
+                  config.eval.batch_size, config.train.on_nonfinite == "drop", batched, job.moving)
 
 
-def _server(job: Resolved, transport: Transport, split: ClientData, model, algorithm, device, models: dict,
-            placement: Placement, resume_file: bool, rounds: int) -> tuple[Server, Recorder]:
+def _server(job: Resolved, transport: Transport, split: ClientData, model, algorithm, device,
+            models: dict, placement: Placement, resume_file: bool,
+            rounds: int) -> tuple[Server, Recorder]:
     """The server rank's part: the global model's evaluation, the result file (created, or reopened
     to resume), and the run's description in the log."""
     config, data = job.config, split.data
-    validation = data.train_rows(np.concatenate(split.val_parts)) if config.data.validation_fraction > 0 else None
-    server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device, validation=validation)
+    validation = (data.train_rows(np.concatenate(split.val_parts))
+                  if config.data.validation_fraction > 0 else None)
+    server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device,
+                    validation=validation)
     if resume_file:
         recorder = Recorder.reopen(job.config.result_path, rounds)
     else:
         arrays = {"partition": split.counts, "example/test_size": np.int64(data.test_y.shape[0]),
-                  "example/local_test_sizes": split.local_test_sizes, "shared_samples": split.shared}
+                  "example/local_test_sizes": split.local_test_sizes,
+                  "shared_samples": split.shared}
         recorder = Recorder.create(job.config.result_path, {"config": json.loads(config.to_json())},
-                                   {name: value for name, value in arrays.items() if value is not None})
+                                   {name: value for name, value in arrays.items()
+                                    if value is not None})
     _announce(job, transport, split, models, placement)
     return server, recorder
 
 
-def _announce(job: Resolved, transport: Transport, split: ClientData, models: dict, placement: Placement) -> None:
+def _announce(job: Resolved, transport: Transport, split: ClientData, models: dict,
+              placement: Placement) -> None:
     """The run in one log line, and a warning for ranks that would host no client."""
     config, sizes, workers = job.config, split.counts.sum(1), placement.workers
+    described = " / ".join(f"{a} ({count_parameters(m):,} parameters)" for a, m in models.items())
     LOG.info(f"{config.algorithm.name} on {config.data.dataset} ({config.data.partition} "
              f"{config.data.partition_params}), {len(sizes)} clients (samples min/median/max "
-             f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), {config.train.clients_per_round} per round, "
-             f"model {' / '.join(f'{a} ({count_parameters(m):,} parameters)' for a, m in models.items())}, "
+             f"{sizes.min()}/{int(np.median(sizes))}/{sizes.max()}), "
+             f"{config.train.clients_per_round} per round, model {described}, "
              f"{transport.size} rank(s); results -> {job.config.result_path}")
     if placement.idle and transport.size > 1:
         most = len(workers) - len(placement.idle)
-        LOG.warning(f"rank(s) {', '.join(map(str, placement.idle))} will host no client in any round ({len(workers)} "
-                    f"workers for {len(sizes)} clients, {config.train.clients_per_round} per round) and only "
+        LOG.warning(f"rank(s) {', '.join(map(str, placement.idle))} will host no client in any "
+                    f"round ({len(workers)} workers for {len(sizes)} clients, "
+                    f"{config.train.clients_per_round} per round) and only "
                     f"wait: launch with at most {most + 1} ranks (mpirun -np {most + 1})")
 
 
 def _client_metrics(config: JobConfig, algorithm) -> tuple[str, ...]:
     """The report's CLIENT_METRICS this run records."""
     measured = {"train_loss": True, "steps": True, "val_acc": config.data.validation_fraction > 0,
-                "local_test_acc": config.data.local_test_ratio > 0, "local_test_loss": config.data.local_test_ratio > 0,
+                "local_test_acc": config.data.local_test_ratio > 0,
+                "local_test_loss": config.data.local_test_ratio > 0,
                 "test_acc": algorithm.traits.client_test, "nonfinite": True}
     return tuple(k for k, on in measured.items() if on)
 
@@ -229,7 +254,8 @@ def _on(device, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return x.to(device), y.to(device)
 
 
-def build_models(config: JobConfig, in_shape, num_classes: int, device, resolved: Resolved | None = None,
+def build_models(config: JobConfig, in_shape, num_classes: int, device,
+                 resolved: Resolved | None = None,
                  layout: torch.memory_format | None = None) -> dict:
     """One model instance per architecture, each initialised from the run's "init" seed; on a
     heterogeneous run their feature widths must agree, since the clients share a classifier. The
@@ -243,8 +269,10 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device, resolved
         models[name] = build_model(name, in_shape, num_classes, resolved.models[name]).to(device)
         adapt_model(models[name], resolved.adapting, config.run.seed)
         lay_out(models[name], layout)
-    widths = {name: m.classifier.in_features for name, m in models.items() if hasattr(m, "classifier")}
+    widths = {name: m.classifier.in_features for name, m in models.items()
+              if hasattr(m, "classifier")}
     if len(models) > 1 and len(set(widths.values())) != 1:
-        raise ConfigError(f"model.architectures have features of different widths {widths}: heterogeneous clients "
-                          "share one classifier, so pick architectures with the same width (FedClassAvg: 512)")
+        raise ConfigError(f"model.architectures have features of different widths {widths}: "
+                          "heterogeneous clients share one classifier, so pick architectures with "
+                          "the same width (FedClassAvg: 512)")
     return models

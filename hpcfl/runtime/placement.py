@@ -28,18 +28,22 @@ class Placement:
     device: torch.device            # this rank's
     memory_format: torch.memory_format      # how its convolution weights lie (run.memory_format)
     workers: list[int]              # the ranks that train clients
-    homes: dict[int, int]           # client -> the worker that holds its state (and, when fixed, trains it)
-    cost: np.ndarray | None         # clients dealt each round: each one's batches per epoch; None: fixed
+    # client -> the worker that holds its state (and, when fixed, trains it)
+    homes: dict[int, int]
+    # clients dealt each round: each one's batches per epoch; None: fixed
+    cost: np.ndarray | None
     idle: list[int]                 # workers that never train a client
 
     def hosts(self, cohort: list[int]) -> dict[int, int]:
         """Sampled client -> the rank that trains it this round."""
-        return {c: self.homes[c] for c in cohort} if self.cost is None else deal_cohort(cohort, self.cost, self.workers)
+        return ({c: self.homes[c] for c in cohort} if self.cost is None
+                else deal_cohort(cohort, self.cost, self.workers))
 
 
-def place(config: JobConfig, size: int, local_rank: int, sizes: np.ndarray, moving: bool) -> Placement:
-    """The placement of a job on `size` ranks, for the rank that is `local_rank`
-    on its node, given each client's training samples; `moving`: each round's cohort is dealt afresh."""
+def place(config: JobConfig, size: int, local_rank: int, sizes: np.ndarray,
+          moving: bool) -> Placement:
+    """The placement of a job on `size` ranks, for the rank that is `local_rank` on its node, given
+    each client's training samples; `moving`: each round's cohort is dealt afresh."""
     device = pick_device(config.run.device, local_rank)
     workers = worker_ranks(size)
     homes = assign_clients(sizes, workers)
@@ -55,15 +59,16 @@ def worker_ranks(size: int) -> list[int]:
 
 def assign_clients(sizes: np.ndarray, workers: list[int]) -> dict[int, int]:
     """client id -> worker rank; balanced counts first, then balanced data size."""
-    # Every worker ends with `base` or `base + 1` clients, and exactly `extra` of them with base + 1:
-    # a worker may only grow past `base` while fewer than `extra` workers have done so.
+    # Every worker ends with `base` or `base + 1` clients, and exactly `extra` of them with
+    # base + 1: a worker may only grow past `base` while fewer than `extra` workers have done so.
     base, extra = divmod(len(sizes), len(workers))
     load = {w: 0 for w in workers}
     count = {w: 0 for w in workers}
     out = {}
     for client in sorted(range(len(sizes)), key=lambda c: (-int(sizes[c]), c)):
         extras_used = sum(count[w] > base for w in workers)
-        open_ = [w for w in workers if count[w] < base or (count[w] == base and extras_used < extra)]
+        open_ = [w for w in workers
+                 if count[w] < base or (count[w] == base and extras_used < extra)]
         worker = min(open_, key=lambda w: (load[w], w))
         out[client] = worker
         load[worker] += int(sizes[client])
@@ -71,7 +76,8 @@ def assign_clients(sizes: np.ndarray, workers: list[int]) -> dict[int, int]:
     return out
 
 
-def idle_workers(workers: list[int], homes: dict[int, int], per_round: int, moving: bool) -> list[int]:
+def idle_workers(workers: list[int], homes: dict[int, int], per_round: int,
+                 moving: bool) -> list[int]:
     """The workers that will never train a client: with fixed placement those that are home to none;
     with clients dealt each round, those past the cohort's size (`deal_cohort` fills the lowest
     ranks first). A launch with more ranks than that wastes them, so the server warns."""
@@ -99,7 +105,8 @@ def deal_cohort(cohort, cost: np.ndarray, workers: list[int]) -> dict[int, int]:
 
 def memory_format(setting: str, device: torch.device) -> torch.memory_format:
     """run.memory_format for `device`. 'auto' is channels_last on the CPU only, where oneDNN's
-    convolutions and pooling run faster on it (bench/memory_format.py); on a GPU it is unmeasured."""
+    convolutions and pooling run faster on it (bench/memory_format.py); on a GPU it is
+    unmeasured."""
     if setting == "channels_last" or (setting == "auto" and torch.device(device).type == "cpu"):
         return torch.channels_last
     return torch.contiguous_format

@@ -17,7 +17,8 @@ def _installed(package: str) -> str:
 def run_attributes(job: Resolved, reports: list[dict]) -> dict:
     """reports: every rank's set-up info (rank, host, device), in rank order."""
     config = job.config
-    versions = {name: _installed(name) for name in ("torch", "torchvision", "numpy", "h5py", "mpi4py", "mpich")}
+    versions = {name: _installed(name)
+                for name in ("torch", "torchvision", "numpy", "h5py", "mpi4py", "mpich")}
     versions["hpcfl"] = _version.version()
     return {"versions": versions, "git_commit": _version.git_commit(), "world_size": len(reports),
             "hostnames": [r["host"] for r in reports], "devices": [r["device"] for r in reports],
@@ -25,7 +26,8 @@ def run_attributes(job: Resolved, reports: list[dict]) -> dict:
             "setup_s": [round(r["setup_s"], 4) for r in reports],
             "study": config.run.study, "run": config.run_name, "status": "running",
             "resolved": job.tables,
-            "plugins": plugins({"data.dataset": [config.data.dataset], "data.partition": [config.data.partition],
+            "plugins": plugins({"data.dataset": [config.data.dataset],
+                                "data.partition": [config.data.partition],
                                 "model.name": list(job.models),
                                 "algorithm.name": [config.algorithm.name],
                                 "algorithm.terms": list(config.algorithm.terms)})}
