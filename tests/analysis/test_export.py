@@ -3,6 +3,7 @@
 import json
 import shutil
 import struct
+import time
 
 import h5py
 import numpy as np
@@ -100,6 +101,24 @@ def _wandb_records(path):
             yield record
 
 
+def _finished(path, timeout: float = 60.0) -> list:
+    """The records of a W&B offline run file once it holds its exit record, the last W&B writes. The
+    file is written by W&B's own service process; in one CI run it held no run record when read
+    just after the export (cause not isolated): wait for the file to end before reading it, and
+    give up after `timeout`, so a run record that never comes still fails the test."""
+    from google.protobuf.message import DecodeError
+
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            records = list(_wandb_records(path))
+        except DecodeError:                             # a record cut short: still being written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > end:
+            return records
+        time.sleep(0.2)
+
+
 def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(finished_and_crashed, tmp_path):
     pytest.importorskip("wandb")
     done, crashed = finished_and_crashed
@@ -110,7 +129,7 @@ def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(fi
     history, config = {}, {}
     for folder in runs:
         (log,) = folder.glob("run-*.wandb")
-        records = list(_wandb_records(log))           # W&B may log a history record before the run record
+        records = _finished(log)                      # W&B may log a history record before the run record
         run = [r.run for r in records if r.WhichOneof("record_type") == "run"][-1]
         config[run.display_name] = {i.key: json.loads(i.value_json) for i in run.config.update}
         history[run.display_name] = [{i.key or "/".join(i.nested_key): json.loads(i.value_json)
