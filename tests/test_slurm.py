@@ -19,6 +19,8 @@ from hpcfl.metrics import read_run
 from hpcfl.testing import assert_same_metrics, run_metrics
 
 SLURM = Path(__file__).resolve().parent.parent / "slurm"
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED"}    # a job's states once it has ended (scontrol's JobState)
 JOB = CHECKPOINTED_JOB.format(study="slurm") + '[algorithm]\nname = "scaffold"\n'
 
 pytestmark = pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
@@ -59,10 +61,6 @@ def _exit_codes(env, jid: str, timeout: float = 300) -> set[int]:
 
     _until(ended, timeout, f"job {jid} to end")
     return {int(r["ExitCode"].split(":")[0]) for r in records}
-
-
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-         "PREEMPTED"}
 
 
 def _until(predicate, timeout, what):

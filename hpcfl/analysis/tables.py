@@ -153,7 +153,8 @@ def personalised(results: Results, by: list[str]) -> pd.DataFrame:
 
 
 def _nanmean(values, axis=None):
-    """np.nanmean, NaN without a warning where every value is NaN (a class role no client has)."""
+    """np.nanmean, NaN without a warning where no value is a number (a class role no client has, a
+    class no sampled client was measured on)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmean(values, axis=axis)
@@ -177,11 +178,11 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
                 unfinished += 1
                 continue
             degree = series["client_class/forgetting"]                         # rounds x clients x classes
-            per_class.append(np.nanmean(degree, axis=(0, 1)))
+            per_class.append(_nanmean(degree, axis=(0, 1)))
             counts = series.get("partition")
             if counts is not None:
                 masks = class_categories(counts, gamma or 1.0 / counts.shape[1])
-                per_role.append([np.nanmean(degree[:, m]) if m.any() else np.nan for m in masks])
+                per_role.append([_nanmean(degree[:, m]) for m in masks])
         if per_class or unfinished:
             roles = _nanmean(per_role, axis=0) if per_role else [np.nan] * 3
             # strict=False: with no `by`, _grouped keys the one group "all", which names no column
