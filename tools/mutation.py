@@ -79,6 +79,11 @@ MODULES = {
     "training/__init__": ["tests/training/test_local_trainer.py", "tests/algorithms/test_fedavg.py",
                           "tests/algorithms/test_scaffold.py", "tests/training/test_batched.py", "tests/test_terms.py",
                           "tests/algorithms/test_fedclassavg.py"],
+    "training/batched": ["tests/training/test_batched.py"],
+    "runtime/placement": ["tests/runtime/test_placement.py", "tests/models/test_memory_format.py"],
+    "seeding": ["tests/test_seeding.py"],
+    "algorithms/initial": ["tests/algorithms/test_fedavg.py", "tests/algorithms/test_baselines.py"],
+    "runtime/forgetting": ["tests/algorithms/test_fedka.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

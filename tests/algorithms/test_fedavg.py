@@ -1,5 +1,7 @@
 """FedAvg's hooks against hand-computed numbers, BatchNorm included; its `init` option (round 0 from
 each client's own initialisation, FedMA Appendix A) on its presets, and the default unchanged."""
+from dataclasses import FrozenInstanceError
+
 import numpy as np
 import pytest
 import torch
@@ -7,12 +9,13 @@ from algorithms.helpers import client, make, sums
 from torch import nn
 
 from hpcfl.algorithms.base import ONE, WEIGHT
-from hpcfl.algorithms.initial import independent_init
+from hpcfl.algorithms.initial import InitParams, independent_init
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
 from hpcfl.models import load_state
+from hpcfl.seeding import torch_seed
 from hpcfl.testing import StepTrainer
 
 
@@ -122,6 +125,40 @@ def test_independent_init_starts_round_0_from_the_clients_own_model_and_later_ro
     tensors = update["model"][0]
     assert all(torch.equal(algo.terms[0].reference[k], global_model[k]) for k in reference)
     assert all(torch.equal(tensors[k], torch.full_like(own[1][k], 1.5)) for k in own[1])
+
+
+class _Scale(nn.Module):
+    """A layer with a parameter and no reset_parameters."""
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.full((2,), 3.0))
+
+    def forward(self, x):
+        return x * self.gain
+
+
+def test_independent_init_draws_each_layer_anew_per_client_and_keeps_a_layer_it_cannot_draw():
+    """Every module holding parameters draws them with its own reset_parameters from the (seed, "init",
+    client) generator, BatchNorm's statistics included; a layer without one keeps the model's values."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), _Scale())
+    net[1].running_mean.fill_(5.0)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    own = {cid: independent_init(net, 7, cid) for cid in (0, 1)}
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())        # the model is left unchanged
+    assert all(torch.equal(v, independent_init(net, 7, 0)[k]) for k, v in own[0].items())      # reproducible
+    assert not torch.equal(own[0]["0.weight"], own[1]["0.weight"])
+    assert not torch.equal(own[0]["0.weight"], before["0.weight"])
+    torch.manual_seed(torch_seed(7, "init", 1))
+    expected = nn.Linear(2, 2)                      # a fresh layer's first draw is reset_parameters' draw
+    assert torch.equal(own[1]["0.weight"], expected.weight) and torch.equal(own[1]["0.bias"], expected.bias)
+    assert torch.equal(own[0]["1.running_mean"], torch.zeros(2))
+    assert torch.equal(own[0]["2.gain"], torch.full((2,), 3.0)) and own[0]["2.gain"].device.type == "cpu"
+
+
+def test_init_params_are_frozen():
+    with pytest.raises(FrozenInstanceError):
+        InitParams().init = "independent"
 
 
 @pytest.mark.parametrize("name, params, message", [

@@ -15,7 +15,6 @@ from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
-from hpcfl.runtime.forgetting import XI as FORGETTING_XI
 from hpcfl.terms import KnowledgeAnchor
 
 COUNTS = np.array([50, 3, 0, 0, 47])            # gamma 0.1: dominant {0, 4}, non-dominant {1}, missing {2, 3}
@@ -186,8 +185,8 @@ def test_forgetting_degree_is_recorded_per_client_and_class(tiny_job, tmp_path):
     assert start.shape == (2, 10) and local.shape == (2, 6, 10)
     np.testing.assert_array_equal(start[1], arrays["class/test_acc"][0])   # round 1 starts from round 0's model
     assert np.isnan(local).any(axis=2).sum() == 2 * (6 - 4)           # 4 of 6 clients sampled per round
-    np.testing.assert_allclose(arrays["client_class/forgetting"],
-                               (start[:, None] - local) / (start[:, None] + FORGETTING_XI))
+    xi = 1e-3                 # not given by the paper: our choice, documented in docs/explanation/papers/fedka.md
+    np.testing.assert_allclose(arrays["client_class/forgetting"], (start[:, None] - local) / (start[:, None] + xi))
     assert len(arrays["shared_samples"]) == 10
 
 

@@ -3,6 +3,7 @@
 ranks that would never train, and a launch with such ranks warns; pick_device; `place` decides them all
 once, and its record hosts each round's cohort."""
 from collections import Counter
+from dataclasses import FrozenInstanceError
 
 import numpy as np
 import pytest
@@ -102,6 +103,13 @@ def test_cuda_without_a_gpu_fails_naming_the_setting_and_auto_falls_back_with_a_
     assert " WARNING run.device = 'auto' found no GPU" in capsys.readouterr().err
 
 
+def test_the_node_local_rank_picks_its_gpu_round_robin(monkeypatch):
+    """Ranks 0..5 of a node with 4 GPUs use cuda:0, 1, 2, 3, 0, 1 (CUDA_VISIBLE_DEVICES sets what torch counts)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert [pick_device("auto", rank) for rank in range(6)] == [torch.device("cuda", k) for k in (0, 1, 2, 3, 0, 1)]
+    assert pick_device("cuda", 5) == torch.device("cuda", 1) and pick_device("cpu", 5) == torch.device("cpu")
+
+
 def makespan(deal, cost):
     load = Counter()
     for c, w in deal.items():
@@ -192,3 +200,5 @@ def test_a_placement_is_decided_once_and_hosts_each_round_as_it_says():
     # dealt afresh, the costliest first: 2 (3 batches) -> 1, 1 (1 batch) -> 2, where fixed homes are both rank 2
     assert moving.hosts([1, 2]) == {2: 1, 1: 2} and moving.idle == [3]     # 2 per round: rank 3 never trains
     assert place(config, 1, 0, sizes, moving=False).hosts([2]) == {2: 0}
+    with pytest.raises(FrozenInstanceError):         # decided once: nobody moves a client behind the record
+        fixed.homes = {}

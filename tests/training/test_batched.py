@@ -19,11 +19,12 @@ from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.launch import main
 from hpcfl.models import build_model, load_state
-from hpcfl.terms import Term
+from hpcfl.terms import Frozen, Term
 from hpcfl.testing import run_metrics
 from hpcfl.training import LocalTrainer
-from hpcfl.training.batched import BatchedTrainer, check_model, group_size
+from hpcfl.training.batched import BatchedTrainer, Unbatchable, check_model, group_size
 from hpcfl.training.recording import Recorded, Recording, Trained
+from hpcfl.training.recording import key as call_key
 
 SIZES = (23, 40, 57, 16, 9)         # batch 16: ragged last batches, 2 to 8 steps over two epochs
 TRAINING = {"sgd": {"momentum": 0.9, "weight_decay": 1e-3, "lr": 0.05},
@@ -61,18 +62,52 @@ class Pull(Term):
         return ((features.mean() - self.target.mean()) ** 2).sum()
 
 
+class RaggedRecall(Ragged):
+    """Ragged (its group trains one by one), plus a frozen model of each client's own that its loss reads
+    and a count of its loss calls that training leaves in it (as FedCME's sums)."""
+    name = "ragged_recall"
+
+    def __init__(self, params):
+        super().__init__(params)
+        self.previous = Frozen()
+
+    def start(self, model, client, round, received):
+        super().start(model, client, round, received)
+        self.previous.load(model, {k: v + 0.01 * client.id for k, v in received["model"].items()})
+        self.calls = torch.zeros(())
+
+    def loss(self, model, x, y, features, logits):
+        self.calls = self.calls + 1
+        return super().loss(model, x, y, features, logits) + (self.previous.net(x) - logits).pow(2).mean()
+
+
+class Toward(Term):
+    """Pulls the features' mean towards the mean of `received["toward"]`, a tensor clients share as FedFM's
+    anchors are shared; `fail` makes its loss raise."""
+    name, batchable, fail = "toward", True, False
+
+    def start(self, model, client, round, received):
+        self.toward = received["toward"]
+
+    def loss(self, model, x, y, features, logits):
+        if self.fail:
+            raise RuntimeError("the term broke")
+        return ((features.mean() - self.toward.mean()) ** 2).sum()
+
+
 class Unvouched(Term):
     """A plug-in term that does not declare batchable."""
     name = "unvouched"
 
 
-def _record(trainer, model, clients, start, terms=()):
-    """What a worker's first pass records: each client's train call from `start`."""
+def _record(trainer, model, clients, start, terms=(), received=lambda client: {}):
+    """What a worker's first pass records: each client's train call from `start` (its terms also
+    receive `received(client)`)."""
     recording = Recording(trainer, {})
     for client in clients:
         load_state(model, start)
         for term in terms:
-            term.start(model, client, 2, {"model": start})
+            term.start(model, client, 2, {"model": start, **received(client)})
         with pytest.raises(Recorded):
             recording.train(model, client, 2, terms)
     return recording.requests
@@ -102,23 +137,86 @@ def test_clients_trained_together_match_one_by_one(setting, model_name):
             torch.testing.assert_close(value, alone[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_a_group_whose_contexts_do_not_stack_trains_one_by_one_and_says_so(caplog):
-    cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING["sgd"]}}).train
-    trainer, clients, term = LocalTrainer(cfg, seed=3), _clients()[:3], Ragged(None)
+def _start(trainer, model_name="fmnist_cnn"):
     torch.manual_seed(0)
-    model = build_model("fmnist_cnn", (1, 8, 8), 10)
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model = build_model(model_name, (1, 8, 8), 10)
+    return model, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _sequential(trainer, model, client, start, terms, received=lambda client: {}):
+    """What `train` gives a client alone from `start`: its metrics, and its terms' attributes after."""
+    load_state(model, start)
+    for term in terms:
+        term.start(model, client, 2, {"model": start, **received(client)})
+    return trainer.train(model, client, 2, terms), [dict(vars(term)) for term in terms]
+
+
+def test_groups_whose_contexts_do_not_stack_train_one_by_one_and_say_so_once(caplog):
+    """Two groups of two, each with contexts of different shapes: every client trains alone from its own
+    records (its frozen model's state too), each has its result, what its loss left in the term comes back,
+    and the log says so once."""
+    cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING["sgd"]}}).train
+    trainer, clients, term = LocalTrainer(cfg, seed=3), _clients()[:4], RaggedRecall(None)
+    model, start = _start(trainer)
     with caplog.at_level(logging.INFO, logger="hpcfl.training.batched"):
-        results = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start, [term]))
+        results = BatchedTrainer(trainer, [model], group=2).train(_record(trainer, model, clients, start, [term]))
+    assert set(results) == {call_key(c, 2, None, 3) for c in clients}
+    assert caplog.text.count("train one at a time") == 1
+    assert "clients [0, 1] train one at a time: 'RaggedRecall.target' has shapes" in caplog.text
     trained = Trained(trainer, results)
-    assert "clients [0, 1, 2] train one at a time: 'Ragged.target' has shapes" in caplog.text
     for client in clients:
-        load_state(model, start)
-        term.start(model, client, 2, {"model": start})
-        expected = trainer.train(model, client, 2, [term])
+        expected, after = _sequential(trainer, model, client, start, [term])
+        alone = {k: v.clone() for k, v in model.state_dict().items()}
         load_state(model, start)
         term.start(model, client, 2, {"model": start})
         assert trained.train(model, client, 2, [term]) == expected
+        assert all(torch.equal(v, alone[k]) for k, v in model.state_dict().items())
+        assert float(term.calls) == float(after[0]["calls"]) == expected["steps"]
+
+
+def test_a_value_the_group_shares_is_set_once_and_values_that_differ_stack_or_are_refused():
+    from hpcfl.training.batched import _PerClient, _stack
+
+    anchors = torch.randn(10, 4)
+    assert _stack("T.anchors", [anchors, anchors]) is anchors             # received, shared: not copied per client
+    own = _stack("T.target", [torch.zeros(2), torch.ones(2)])
+    assert isinstance(own, _PerClient) and torch.equal(own.value, torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    assert _stack("T.mu", [0.5, 0.5]) == 0.5
+    with pytest.raises(Unbatchable, match="'T.mu' differs between clients and is not a tensor"):
+        _stack("T.mu", [0.5, 0.25])
+
+
+def test_each_group_trains_with_what_its_own_clients_share_and_the_terms_are_left_plain():
+    """Clients 0 and 1 receive one tensor, 2 and 3 another: in groups of two, each group trains with its
+    own (as each client alone would); afterwards a term's per-client context is a plain value again (the
+    last group's first client's), not vmap's stand-in."""
+    cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING["sgd"]}}).train
+    trainer, clients, terms = LocalTrainer(cfg, seed=3), _clients()[:4], [Toward(None), Pull(None)]
+    model, start = _start(trainer)
+    shared = {0: torch.full((3,), 1.0), 1: torch.full((3,), -2.0)}
+    received = lambda client: {"toward": shared[client.id // 2]}                  # noqa: E731
+    requests = _record(trainer, model, clients, start, terms, received)
+    results = BatchedTrainer(trainer, [model], group=2).train(requests)
+    assert terms[1].target is requests[2].contexts[1]["target"]
+    trained = Trained(trainer, results)
+    for client in clients:
+        expected, _ = _sequential(trainer, model, client, start, terms, received)
+        alone = {k: v.clone() for k, v in model.state_dict().items()}
+        metrics = trained.train(model, client, 2, terms)
+        assert metrics["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(value, alone[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_an_error_in_a_group_names_its_clients_and_round():
+    cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING["sgd"]}}).train
+    trainer, clients, term = LocalTrainer(cfg, seed=3), _clients()[:3], Toward(None)
+    model, start = _start(trainer)
+    requests = _record(trainer, model, clients, start, [term], lambda client: {"toward": torch.zeros(3)})
+    term.fail = True
+    with pytest.raises(RuntimeError, match="the term broke") as raised:
+        BatchedTrainer(trainer, [model], group=3).train(requests)
+    assert raised.value.__notes__ == ["hpcfl: in clients [0, 1, 2] trained together, round 3"]
 
 
 def _run(job, root, *sets):
@@ -218,6 +316,8 @@ def test_a_model_with_dropout_is_refused_naming_the_key():
     for model in (build_model("vgg9", (3, 32, 32), 10), nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))):
         with pytest.raises(ConfigError, match="train.batched_clients"):
             check_model(model)
+        with pytest.raises(ConfigError, match="train.batched_clients"):        # a number set in the job file
+            BatchedTrainer(None, [model], group=2)
 
 
 def test_auto_trains_a_workers_whole_share_together_on_a_gpu_where_the_job_allows_it(caplog):
@@ -275,6 +375,45 @@ def test_a_groups_tensors_keep_their_storage_from_step_to_step(setting, monkeypa
     BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start, [term]))
     assert {m for m, _ in seen} == {3, 2, 1}                # the whole group, then fewer as clients run out
     assert [c for _, c in seen] == sorted(c for _, c in seen) and seen[-1][1] == 2 * -(-SIZES[2] // 16)
+
+
+def test_steps_without_augmentation_go_through_step_graphs_which_stay_off_on_a_cpu(monkeypatch):
+    """train.cuda_graphs = true trains eagerly on a CPU, as without it. With step graphs (stood in for by
+    one that runs the step), each step of clients without augmentation goes through them, as one kind per
+    (clients, batch length): sizes 23, 40, 57 in batches of 16 give 16 | 7, 16 | 8, 16 | 16, 9."""
+    from hpcfl.training import batched
+
+    clients, calls = _clients()[:3], []
+
+    def states(setting, **more):
+        cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING[setting], "batched_clients": 3, **more}}).train
+        trainer = LocalTrainer(cfg, seed=3)
+        model, start = _start(trainer)
+        results = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start))
+        return [results[call_key(c, 2, None, 3)][0] for c in clients]
+
+    eager = states("sgd")
+    for one, other in zip(eager, states("sgd", cuda_graphs=True), strict=True):
+        assert all(torch.equal(one[k], other[k]) for k in one)
+
+    class Through:
+        def run(self, kind, rows, step):
+            calls.append(kind)
+            step(rows)
+
+    init = batched._Group.__init__
+
+    def with_graphs(self, requests, trainer):
+        init(self, requests, trainer)
+        self.graphs = Through()
+
+    monkeypatch.setattr(batched._Group, "__init__", with_graphs)
+    for one, other in zip(eager, states("sgd"), strict=True):
+        assert all(torch.equal(one[k], other[k]) for k in one)
+    assert calls == [((0, 1, 2), 16), ((0,), 7), ((1, 2), 16), ((1,), 8), ((2,), 16), ((2,), 9)]
+    calls.clear()
+    states("crop_flip")
+    assert calls == []
 
 
 def test_cuda_graphs_warm_up_twice_capture_on_the_third_call_and_replay_with_the_rows_copied_in(monkeypatch):
