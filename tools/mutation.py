@@ -80,6 +80,8 @@ MODULES = {
                           "tests/algorithms/test_scaffold.py", "tests/training/test_batched.py", "tests/test_terms.py",
                           "tests/algorithms/test_fedclassavg.py"],
     "training/batched": ["tests/training/test_batched.py"],
+    "training/recording": ["tests/training/test_batched.py"],
+    "training/graphs": ["tests/training/test_batched.py"],
     "runtime/placement": ["tests/runtime/test_placement.py", "tests/models/test_memory_format.py"],
     "seeding": ["tests/test_seeding.py"],
     "algorithms/initial": ["tests/algorithms/test_fedavg.py", "tests/algorithms/test_baselines.py"],

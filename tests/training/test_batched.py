@@ -129,7 +129,9 @@ def test_clients_trained_together_match_one_by_one(setting, model_name):
         load_state(model, start)
         expected = trainer.train(model, client, 2)
         alone = {k: v.clone() for k, v in model.state_dict().items()}
+        model.eval()                                    # as an evaluation may leave it
         metrics = trained.train(model, client, 2)
+        assert model.training                           # as training leaves it
         assert metrics["steps"] == expected["steps"] == 2 * -(-client.num_samples // 16)
         assert metrics["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
         assert not torch.equal(alone["classifier.weight"], start["classifier.weight"])
@@ -437,19 +439,37 @@ def test_cuda_graphs_warm_up_twice_capture_on_the_third_call_and_replay_with_the
         yield
 
     class Stream:
-        def wait_stream(self, other):
-            pass
+        def __init__(self, name="side"):
+            self.name = name
 
+        def wait_stream(self, other):
+            events.append(("wait", self.name, other.name))
+
+    @contextlib.contextmanager
+    def on(stream):
+        events.append(("on", stream.name))
+        yield
+        events.append(("off", stream.name))
+
+    current = Stream("current")
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", graph)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    monkeypatch.setattr(torch.cuda, "stream", on)
     graphs, updated = StepGraphs(), []
+
+    def update(r, kind, rows):
+        updated.append((kind, r.clone(), r is rows))
+        events.append(("update", kind))
+
     for call in range(5):
         for kind in ("all", "some"):
             rows = torch.full((2, 3), 10 * call + (kind == "some"))
-            graphs.run(kind, rows, lambda r, kind=kind, rows=rows: updated.append((kind, r.clone(), r is rows)))
+            graphs.run(kind, rows, lambda r, kind=kind, rows=rows: update(r, kind, rows))
+    # a warm-up step runs on the side stream once the current one's work is done, and the current waits for it
+    assert events[:5] == [("wait", "side", "current"), ("on", "side"), ("update", "all"), ("off", "side"),
+                          ("wait", "current", "side")]
     assert [(k, int(r[0, 0]), same) for k, r, same in updated] == [
         ("all", 0, True), ("some", 1, True), ("all", 10, True), ("some", 11, True),
         ("all", 20, False), ("some", 21, False)]                     # the third: on the captured copy
