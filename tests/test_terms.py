@@ -27,6 +27,7 @@ from hpcfl.terms import (
     Prox,
     RestrictedSoftmax,
     SupCon,
+    Term,
     build_terms,
 )
 from hpcfl.training import LocalTrainer
@@ -566,3 +567,26 @@ def test_algorithm_rules_on_the_whole_job_are_named(job, message):
     with pytest.raises(ConfigError) as err:
         job_from_dict(job)
     assert message in str(err.value)
+
+
+def test_a_term_that_declares_nothing_asks_for_nothing():
+    """The contract's defaults, which a plug-in term inherits: no anchors, no shared set, no client state
+    (its clients may move), not run under vmap (its clients train one at a time), one view."""
+    assert (Term.needs_anchors, Term.needs_shared, Term.keeps_state, Term.batchable, Term.views) == (
+        False, False, False, False, 1)
+    import hpcfl
+
+    assert hpcfl.Regularizer is Term                       # its name in 0.1, for one release
+
+
+def test_a_frozen_copy_runs_without_gradients_in_evaluation_mode_and_is_made_once():
+    from hpcfl.terms.base import Frozen
+
+    model, frozen = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)).train(), Frozen()
+    state = {k: torch.full_like(v, 2.0) for k, v in model.state_dict().items()}
+    frozen.load(model, state)
+    net = frozen.net
+    assert net is not model and not net.training and not any(p.requires_grad for p in net.parameters())
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items()) and model[0].weight.requires_grad
+    frozen.load(model, model.state_dict())
+    assert frozen.net is net and torch.equal(net[0].weight, model[0].weight)

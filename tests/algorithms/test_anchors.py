@@ -97,3 +97,50 @@ def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives
     torch.testing.assert_close(got["sums"][0], features[y == 0].sum(0), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got["sums"][1], features[y == 1].sum(0), rtol=1e-6, atol=1e-6)
     assert ANCHORS == "anchors" and anchor_layouts(2, 4)[0].names == ("anchors", "known")   # the result files' names
+
+
+def test_the_anchor_phase_wraps_fedfm_round_by_round_against_hand_computed_anchors():
+    """From start_round on a round opens with the anchor phase: the global model and anchors go down, each
+    client sends its class feature sums under that model (weight 1), the server turns them into anchors;
+    the algorithm's own phase then carries the anchors instead of the model and is the algorithm's own."""
+    from algorithms.helpers import Scalar, make, sums
+    from torch import nn
+
+    from hpcfl.algorithms.anchored import WithAnchors, wrap
+    from hpcfl.algorithms.anchors import ANCHORS
+    from hpcfl.algorithms.base import ONE, WEIGHT
+    from hpcfl.algorithms.base import Client as Record
+
+    def net(w):
+        net = Scalar(w)
+        net.classifier = nn.Linear(1, 2)          # features 1 wide (Setup reads the classifier's in_features)
+        return net
+
+    inner = make("fedfm", net(1.0), {"start_round": 1})
+    algo = wrap(inner)
+    assert isinstance(algo, WithAnchors) and algo.plan(0) == inner.plan(0)         # before T_s: FedAvg alone
+    opening, train = algo.plan(1)
+    assert opening.name == ANCHORS and set(opening.downlink) == {"model", ANCHORS} and set(opening.uplink) == {ANCHORS}
+    assert set(train.downlink) == {ANCHORS} and train.uplink == inner.plan(1)[0].uplink
+    state = algo.init_server_state(net(1.0))
+    assert state[ANCHORS]["known"].tolist() == [0.0, 0.0] and float(state["model"]["w"]) == 1.0
+    down = algo.downlink(opening, 1, state)
+    assert float(down["model"]["w"]) == 1.0 and down[ANCHORS] is state[ANCHORS]
+    model, record = net(1.0), Record(0, torch.tensor([[2.0], [3.0], [5.0]]), torch.tensor([0, 1, 1]), [1, 2])
+    start = {**down["model"], "w": torch.tensor(0.5)}
+    up, metrics = algo.client_update(opening, 1, record, {"model": start, ANCHORS: down[ANCHORS]}, model, None)
+    tensors, weight = up[ANCHORS]
+    assert float(model.w.detach()) == 0.5 and weight == 1.0 and metrics == {}         # features 0.5 x
+    assert tensors["sums"].flatten().tolist() == [1.0, 4.0] and tensors["counts"].tolist() == [1.0, 2.0]
+    algo.aggregate(opening, 1, state, {ANCHORS: sums(opening.uplink[ANCHORS], up[ANCHORS])})
+    assert state[ANCHORS]["anchors"].flatten().tolist() == [1.0, 2.0] and state[ANCHORS]["known"].tolist() == [1, 1]
+    assert float(state["model"]["w"]) == 1.0                                         # the anchor phase moves no model
+    assert algo.downlink(train, 1, state).keys() == {ANCHORS}                        # the model went down already
+    received = []
+    inner.receive = lambda *args: received.append(args[0].name)
+    algo.receive(opening, 1, {})
+    algo.receive(train, 1, {})
+    assert received == [train.name]
+    model_up = {**state["model"], "w": torch.tensor(3.0), WEIGHT: ONE}
+    algo.aggregate(train, 1, state, {"model": sums(train.uplink["model"], (model_up, 2.0))})
+    assert float(state["model"]["w"]) == 3.0 and state[ANCHORS]["anchors"].flatten().tolist() == [1.0, 2.0]

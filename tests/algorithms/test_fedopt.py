@@ -95,12 +95,26 @@ def test_defaults_and_the_moments_start(name, eta, beta1):
     ("fedadam", {"eta": 0.0}, "eta = 0.0 must be > 0"),
     ("fedyogi", {"beta1": 1.0}, "beta1 = 1.0 must be in [0, 1)"),
     ("fedadam", {"beta2": -0.1}, "beta2 = -0.1 must be in [0, 1)"),
+    ("fedyogi", {"beta2": 1.0}, "beta2 = 1.0 must be in [0, 1)"),
+    ("fedadam", {"beta2": 1.5}, "beta2 = 1.5 must be in [0, 1)"),
     ("fedadagrad", {"tau": 0.0}, "tau = 0.0 must be > 0"),
     ("fedadagrad", {"beta2": 0.9}, "beta2"),                   # Adagrad has no second-moment decay
 ])
 def test_bad_parameters_are_refused_naming_them(name, bad, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):
         algorithm_params(name, bad)
+
+
+def test_the_bounds_themselves_are_accepted_where_the_range_is_closed():
+    assert algorithm_params("fedadam", {"beta2": 0.0}).beta2 == 0.0
+    assert algorithm_params("fedyogi", {"beta1": 0.0, "beta2": 0.0}).beta1 == 0.0
+
+
+def test_yogi_leaves_a_second_moment_that_equals_the_squared_change():
+    """Reddi et al. Alg. 2: v - (1 - beta2) Delta^2 sign(v - Delta^2), with sign(0) = 0."""
+    yogi = make("fedyogi", nn.Linear(1, 1), {"beta2": 0.9})
+    v = yogi.second_moment(torch.tensor([4.0, 1.0, 9.0]), torch.tensor([4.0, 9.0, 1.0]))
+    assert v.tolist() == pytest.approx([4.0, 1.0 + 0.1 * 9.0, 9.0 - 0.1 * 1.0])
 
 
 def test_they_keep_no_client_state_and_train_clients_together():
