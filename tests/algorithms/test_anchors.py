@@ -1,11 +1,15 @@
-"""FedFM's anchors and feature-matching losses against hand-computed values."""
+"""FedFM's anchors, feature-matching losses and anchor phase against hand-computed values."""
 import math
 
 import pytest
 import torch
+from algorithms.helpers import Scalar, make, sums
 from torch import nn
 
-from hpcfl.algorithms.anchors import initial_anchors, local_anchors, update_anchors
+from hpcfl.algorithms.anchored import WithAnchors, wrap
+from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
+from hpcfl.algorithms.base import ONE, WEIGHT
+from hpcfl.algorithms.base import Client as Record
 from hpcfl.terms import ContrastiveGuiding, L2Matching
 
 
@@ -75,8 +79,6 @@ def test_l2_matching_pulls_features_to_their_class_anchor_after_the_start_round(
 def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives_in():
     """Anchors are class means of the received model's features: dropout off and BatchNorm on its
     running statistics, even if the model comes straight from training (FedFM-Lite)."""
-    from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts
-
     torch.manual_seed(0)
 
     class Net(nn.Module):
@@ -103,14 +105,6 @@ def test_the_anchor_phase_wraps_fedfm_round_by_round_against_hand_computed_ancho
     """From start_round on a round opens with the anchor phase: the global model and anchors go down, each
     client sends its class feature sums under that model (weight 1), the server turns them into anchors;
     the algorithm's own phase then carries the anchors instead of the model and is the algorithm's own."""
-    from algorithms.helpers import Scalar, make, sums
-    from torch import nn
-
-    from hpcfl.algorithms.anchored import WithAnchors, wrap
-    from hpcfl.algorithms.anchors import ANCHORS
-    from hpcfl.algorithms.base import ONE, WEIGHT
-    from hpcfl.algorithms.base import Client as Record
-
     def net(w):
         net = Scalar(w)
         net.classifier = nn.Linear(1, 2)          # features 1 wide (Setup reads the classifier's in_features)
