@@ -100,6 +100,18 @@ class Unvouched(Term):
     name = "unvouched"
 
 
+def _trainer(setting="sgd", **train):
+    """The local trainer (seed 3, batches of 16) of a TRAINING setting, with `train` keys on top."""
+    return LocalTrainer(job_from_dict({"train": {"batch_size": 16, **TRAINING[setting], **train}}).train, seed=3)
+
+
+def _start(model_name="fmnist_cnn"):
+    """A model built from seed 0, and its state: where every client starts."""
+    torch.manual_seed(0)
+    model = build_model(model_name, (1, 8, 8), 10)
+    return model, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def _record(trainer, model, clients, start, terms=(), received=lambda client: {}):
     """What a worker's first pass records: each client's train call from `start` (its terms also
     receive `received(client)`)."""
@@ -118,11 +130,8 @@ def _record(trainer, model, clients, start, terms=(), received=lambda client: {}
 @pytest.mark.parametrize("setting, model_name", [*((s, "fmnist_cnn") for s in sorted(TRAINING)),
                                                  ("sgd", "fmnist_cnn_bn"), ("crop_flip", "fmnist_cnn_bn")])
 def test_clients_trained_together_match_one_by_one(setting, model_name):
-    cfg = job_from_dict({"train": {"batch_size": 16, "local_epochs": 2, **TRAINING[setting]}}).train
-    trainer, clients = LocalTrainer(cfg, seed=3), _clients()
-    torch.manual_seed(0)
-    model = build_model(model_name, (1, 8, 8), 10)
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    trainer, clients = _trainer(setting, local_epochs=2), _clients()
+    model, start = _start(model_name)
     results = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start))
     trained = Trained(trainer, results)
     for client in clients:                                                          # groups of 3 and 2
@@ -139,12 +148,6 @@ def test_clients_trained_together_match_one_by_one(setting, model_name):
             torch.testing.assert_close(value, alone[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def _start(trainer, model_name="fmnist_cnn"):
-    torch.manual_seed(0)
-    model = build_model(model_name, (1, 8, 8), 10)
-    return model, {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 def _sequential(trainer, model, client, start, terms, received=lambda client: {}):
     """What `train` gives a client alone from `start`: its metrics, and its terms' attributes after."""
     load_state(model, start)
@@ -157,9 +160,8 @@ def test_groups_whose_contexts_do_not_stack_train_one_by_one_and_say_so_once(cap
     """Two groups of two, each with contexts of different shapes: every client trains alone from its own
     records (its frozen model's state too), each has its result, what its loss left in the term comes back,
     and the log says so once."""
-    cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING["sgd"]}}).train
-    trainer, clients, term = LocalTrainer(cfg, seed=3), _clients()[:4], RaggedRecall(None)
-    model, start = _start(trainer)
+    trainer, clients, term = _trainer(), _clients()[:4], RaggedRecall(None)
+    model, start = _start()
     with caplog.at_level(logging.INFO, logger="hpcfl.training.batched"):
         results = BatchedTrainer(trainer, [model], group=2).train(_record(trainer, model, clients, start, [term]))
     assert set(results) == {call_key(c, 2, None, 3) for c in clients}
@@ -192,9 +194,8 @@ def test_each_group_trains_with_what_its_own_clients_share_and_the_terms_are_lef
     """Clients 0 and 1 receive one tensor, 2 and 3 another: in groups of two, each group trains with its
     own (as each client alone would); afterwards a term's per-client context is a plain value again (the
     last group's first client's), not vmap's stand-in."""
-    cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING["sgd"]}}).train
-    trainer, clients, terms = LocalTrainer(cfg, seed=3), _clients()[:4], [Toward(None), Pull(None)]
-    model, start = _start(trainer)
+    trainer, clients, terms = _trainer(), _clients()[:4], [Toward(None), Pull(None)]
+    model, start = _start()
     shared = {0: torch.full((3,), 1.0), 1: torch.full((3,), -2.0)}
     received = lambda client: {"toward": shared[client.id // 2]}                  # noqa: E731
     requests = _record(trainer, model, clients, start, terms, received)
@@ -211,9 +212,8 @@ def test_each_group_trains_with_what_its_own_clients_share_and_the_terms_are_lef
 
 
 def test_an_error_in_a_group_names_its_clients_and_round():
-    cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING["sgd"]}}).train
-    trainer, clients, term = LocalTrainer(cfg, seed=3), _clients()[:3], Toward(None)
-    model, start = _start(trainer)
+    trainer, clients, term = _trainer(), _clients()[:3], Toward(None)
+    model, start = _start()
     requests = _record(trainer, model, clients, start, [term], lambda client: {"toward": torch.zeros(3)})
     term.fail = True
     with pytest.raises(RuntimeError, match="the term broke") as raised:
@@ -353,11 +353,8 @@ def test_a_groups_tensors_keep_their_storage_from_step_to_step(setting, monkeypa
     in place, and reads the step number from the device; captured once, a step's addresses stay valid."""
     from hpcfl.training import batched
 
-    cfg = job_from_dict({"train": {"batch_size": 16, "local_epochs": 2, **TRAINING[setting]}}).train
-    trainer, clients = LocalTrainer(cfg, seed=3), _clients()[:3]
-    torch.manual_seed(0)
-    model = build_model("fmnist_cnn_bn", (1, 8, 8), 10)
-    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    trainer, clients = _trainer(setting, local_epochs=2), _clients()[:3]
+    model, start = _start("fmnist_cnn_bn")
     seen, update = [], batched._Group.update
 
     def addresses(group):
@@ -388,9 +385,8 @@ def test_steps_without_augmentation_go_through_step_graphs_which_stay_off_on_a_c
     clients, calls = _clients()[:3], []
 
     def states(setting, **more):
-        cfg = job_from_dict({"train": {"batch_size": 16, **TRAINING[setting], "batched_clients": 3, **more}}).train
-        trainer = LocalTrainer(cfg, seed=3)
-        model, start = _start(trainer)
+        trainer = _trainer(setting, batched_clients=3, **more)
+        model, start = _start()
         results = BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start))
         return [results[call_key(c, 2, None, 3)][0] for c in clients]
 
