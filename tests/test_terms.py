@@ -19,6 +19,7 @@ from hpcfl.runtime.build import build_models
 from hpcfl.terms import (
     TERMS,
     ContrastiveGuiding,
+    FeatureMatching,
     L2Matching,
     Linear,
     Moon,
@@ -29,6 +30,7 @@ from hpcfl.terms import (
     SupCon,
     Term,
     build_terms,
+    check_term,
 )
 from hpcfl.training import LocalTrainer
 
@@ -507,12 +509,13 @@ def test_ntd_at_the_defaults_on_a_batch_of_two():
 def test_terms_are_configured_by_list_or_table():
     listed = job_from_dict({"algorithm": {"terms": ["prox", "moon"]}})
     assert listed.algorithm.terms == {"prox": {}, "moon": {}}
-    terms = build_terms(resolve(listed).terms)
+    terms = build_terms(resolve(listed).terms, seed=7)
     assert [t.name for t in terms] == ["prox", "moon"] and terms[0].params.mu == Prox.Params().mu
     table = job_from_dict({"algorithm": {"terms": {"prox": {"mu": 0.1}, "ntd": {"beta": 0.3}}}})
-    terms = build_terms(resolve(table).terms)
+    terms = build_terms(resolve(table).terms, seed=7)
     assert [(t.name, t.params) for t in terms] == [("prox", Prox.Params(mu=0.1)),
                                                    ("ntd", NotTrueDistillation.Params(beta=0.3))]
+    assert {t.seed for t in terms} == {7}
     assert set(TERMS) == {"prox", "moon", "fedrs", "ntd", "fm_cg", "fm_l2", "supcon", "ka"}
 
 
@@ -590,3 +593,15 @@ def test_a_frozen_copy_runs_without_gradients_in_evaluation_mode_and_is_made_onc
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items()) and model[0].weight.requires_grad
     frozen.load(model, model.state_dict())
     assert frozen.net is net and torch.equal(net[0].weight, model[0].weight)
+
+
+def test_a_term_that_asks_for_anchors_needs_the_settings_the_anchor_phase_reads():
+    class Bare(Term):
+        name, needs_anchors = "bare", True
+
+    class Matched(FeatureMatching):
+        name = "matched"
+
+    assert "Bare sets needs_anchors but its Params has no anchor_weighting or start_round" in check_term(Bare)
+    assert check_term(Matched) is None and check_term(Prox) is None
+    assert "a loss term" in check_term(int)

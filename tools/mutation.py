@@ -89,6 +89,19 @@ MODULES = {
     "seeding": ["tests/test_seeding.py"],
     "algorithms/initial": ["tests/algorithms/test_fedavg.py", "tests/algorithms/test_baselines.py"],
     "runtime/forgetting": ["tests/algorithms/test_fedka.py"],
+    "analysis/noise": ["tests/analysis/test_noise.py"],
+    "analysis/results": ["tests/analysis/test_tables.py"],
+    "data/augment": ["tests/data/test_augment.py"],
+    "models/common": ["tests/models/test_models.py"],
+    "metrics/reader": ["tests/metrics/test_recorder.py"],
+    "metrics/recorder": ["tests/metrics/test_recorder.py"],
+    "config": ["tests/test_config.py", "tests/test_config_properties.py"],
+    "models/fedma": ["tests/models/test_models.py", "tests/algorithms/test_fedma.py"],
+    "algorithms/phases": ["tests/algorithms/test_fedcme.py", "tests/algorithms/test_fedma.py"],
+    "sweep": ["tests/test_sweep.py", "tests/test_cli.py"],
+    "analysis/plots": ["tests/analysis/test_plots.py", "tests/analysis/test_tables.py"],
+    "runtime/worker": ["tests/runtime/test_worker.py"],
+    "terms/__init__": ["tests/test_terms.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
@@ -285,17 +298,17 @@ def run(selected: list[str], jobs: int, timeout_factor: float, out: Path | None)
             print(f"{module:28s} {len(found):5d} mutants  {len(found) - len(alive):5d} killed  "
                   f"{len(known):3d} equivalent  {len(real):3d} survived  score {score:6.1%}  "
                   f"(tests {baseline:.1f} s)", flush=True)
+            if out:                   # as each module ends, so a long run's first survivors can be read
+                out.write_text("".join(f"{m.key}    # line {m.line}\n" for m in survivors))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print("\n| module | mutants | killed | equivalent | survived | score |\n|---|---|---|---|---|---|")
     for module, n, killed, known, real, score in report:
         print(f"| {module} | {n} | {killed} | {known} | {real} | {score:.1%} |")
-    text = "\n".join(f"{m.key}    # line {m.line}" for m in survivors)
     if out:
-        out.write_text(text + "\n")
         print(f"\n{len(survivors)} survivors -> {out}")
     else:
-        print("\nsurvivors:\n" + text)
+        print("\nsurvivors:\n" + "\n".join(f"{m.key}    # line {m.line}" for m in survivors))
     return 0
 
 

@@ -34,6 +34,12 @@ def group_label(key) -> str:
 
 
 def curves(results: Results, by: list[str], out: Path, metric: str = "round/test_acc", x: str = "round") -> Path:
+    """`curve_figure` saved to `out` (its format from the suffix)."""
+    curve_figure(results, by, metric, x).savefig(out)
+    return Path(out)
+
+
+def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc", x: str = "round") -> Figure:
     """One line per group of `by` keys: the mean of `metric` over its runs against the round (1-based)
     or the cumulative MB exchanged (x = "bytes"), with a band of ± one population std over the group's
     runs; rounds without a value are skipped. Raises ValueError, naming what is missing, when there is
@@ -71,11 +77,16 @@ def curves(results: Results, by: list[str], out: Path, metric: str = "round/test
     ax.set_title(f"{metric}: line = mean over each group's runs, band = ± 1 std (ddof 0)", fontsize="small")
     ax.legend(fontsize="small", title=", ".join(by) if by else None, title_fontsize="small")
     fig.tight_layout()
-    fig.savefig(out)
-    return Path(out)
+    return fig
 
 
 def partition_heatmap(counts: np.ndarray, out: Path, title: str = "") -> Path:
+    """`heatmap_figure` saved to `out` (its format from the suffix)."""
+    heatmap_figure(counts, title).savefig(out)
+    return Path(out)
+
+
+def heatmap_figure(counts: np.ndarray, title: str = "") -> Figure:
     """Samples per client (rows) and class (columns)."""
     fig = Figure(figsize=(max(4, counts.shape[1] * 0.4 + 2), max(3, counts.shape[0] * 0.25 + 1)))
     ax = fig.add_subplot()
@@ -87,5 +98,4 @@ def partition_heatmap(counts: np.ndarray, out: Path, title: str = "") -> Path:
     ax.set_ylabel("client")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(out)
-    return Path(out)
+    return fig

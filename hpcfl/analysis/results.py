@@ -123,7 +123,6 @@ def tidy(results: Results) -> pd.DataFrame:
     frames = []
     for path, metrics in results.series.items():
         for metric, values in metrics.items():
-            values = np.asarray(values)
             index = [-1] if values.ndim == 1 else [e[0] if len(e) == 1 else e for e in np.ndindex(values.shape[1:])]
             frames.append(pd.DataFrame({"path": path, "round": np.repeat(np.arange(len(values)), len(index)),
                                         "metric": metric, "index": index * len(values),

@@ -18,7 +18,7 @@ _CROP_RATIO = (3 / 4, 4 / 3)
 _JITTER = 0.4
 _P_JITTER = 0.8
 _P_GRAY = 0.2
-_GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
+_GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as PIL's convert("L") under SupCon's transforms
 
 
 def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:

@@ -60,16 +60,12 @@ class Recorder:
         """Create a new result file with root attributes `attrs` and fixed datasets `arrays` (name ->
         array, `write_array`); an existing file is never overwritten."""
         path = Path(path)
-        exists = ResultsError(
-            f"result file {path} already exists; choose another run.name, or delete or move the old file"
-        )
-        if path.exists():
-            raise exists
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            file = h5py.File(path, "x", locking=False)  # "x" also guards against a racing creator
+            file = h5py.File(path, "x", locking=False)  # "x": refused if it exists, even made by a racing creator
         except FileExistsError:
-            raise exists from None
+            raise ResultsError(f"result file {path} already exists; choose another run.name, or delete or move "
+                               "the old file") from None
         recorder = cls(file)
         file.attrs["schema_version"] = SCHEMA_VERSION
         file.attrs["created"] = datetime.now(UTC).isoformat(timespec="seconds")

@@ -24,8 +24,8 @@ class FmnistCNN(nn.Module):
                  batchnorm: bool = False, options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
         name = "fmnist_cnn_bn" if batchnorm else "fmnist_cnn"
-        channels, _, side = image_shape(in_shape, name)
-        pad = 2 if side < 20 else 0           # keep small inputs (8x8 digits) from vanishing
+        channels, *sides = image_shape(in_shape, name)
+        pad = 2 if min(sides) < 20 else 0           # keep small inputs (8x8 digits) from vanishing
 
         def norm(kind, n):
             return [kind(n)] if batchnorm else []

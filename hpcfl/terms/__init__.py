@@ -61,8 +61,9 @@ def term_params(name: str, raw: Mapping) -> Term.Params:
                        f"algorithm.terms.{name}")
 
 
-def build_terms(params: Mapping[str, Term.Params], seed: int = 0) -> list[Term]:
-    """The job's terms from their resolved Params ({name: Params}: hpcfl.jobs.resolve's `terms`)."""
+def build_terms(params: Mapping[str, Term.Params], seed: int) -> list[Term]:
+    """The job's terms from their resolved Params ({name: Params}: hpcfl.jobs.resolve's `terms`), each
+    seeded with the run's seed (for the terms that draw per round and client)."""
     terms = [TERMS[name](p) for name, p in params.items()]
     for term in terms:
         term.seed = seed

@@ -165,6 +165,22 @@ def test_splits_drawn_apart_add_their_variances_rather_than_averaging_their_exam
     assert row["ci95_high"] == pytest.approx(0.25 + 4.302653 * np.sqrt(1 / 32), rel=1e-6)
 
 
+def test_a_one_example_client_adds_no_variance_term_over_several_rounds(tmp_path):
+    """Clients of 1, 3 and 2 local test examples, all sampled in both rounds that `last` reads (2
+    rounds, 3 clients: the cohort's size is taken per round). Seed 0 gains client 0's one example in
+    both rounds (part 1/3) and client 1's second in round 1 (round-mean part 1/2 x 1/9); seed 1 its
+    third. Effect 1/3 + 1/18 = 7/18 in both seeds. Client 0's stratum of one example has no variance
+    to estimate and adds no term; client 1's D = [0, 1/18, 0] gives 3 Var = 1/324, client 2's 0: each
+    split weighs (1/2)^2, so v_test = 2 / 1296 = 1/648."""
+    sizes, base = [1, 3, 2], [[0], [1, 0, 0], [1, 0]]
+    for seed, gained in ((0, [1, 1, 0]), (1, [1, 0, 1])):
+        _personal(tmp_path, "fedavg", seed, sizes, [base, base])
+        _personal(tmp_path, "fedprox", seed, sizes, [[[1], [1, 0, 0], [1, 0]], [[1], gained, [1, 0]]])
+    row = _compare(tmp_path, "last", metric="round/personal_acc_mean", last=2)
+    assert row["effect_mean"] == pytest.approx(7 / 18) and row["effect_std"] == pytest.approx(0.0, abs=1e-12)
+    assert row["test_se"] == pytest.approx(np.sqrt(1 / 648))
+
+
 def test_files_without_bits_keep_the_seeds_t_interval_and_say_so(tmp_path, capsys):
     for seed, (a, b) in enumerate([(0.6, 0.5), (0.8, 0.6), (0.7, 0.65)]):
         for arm, value in (("fedavg", b), ("fedprox", a)):

@@ -6,9 +6,12 @@ import subprocess
 import sys
 
 import matplotlib
+import numpy as np
 import pytest
 from analysis.test_tables import _write
 
+from hpcfl.analysis import load
+from hpcfl.analysis.plots import curve_figure, heatmap_figure
 from hpcfl.analyze import main
 
 
@@ -64,3 +67,33 @@ def test_importing_the_plots_leaves_the_backend_and_pyplot_alone():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env={"MPLBACKEND": "svg", "PATH": "", "PYTHONPATH": ":".join(sys.path)})
     assert done.stdout.split() == ["svg", "False"]
+
+
+def test_a_groups_line_is_the_mean_its_band_one_std_either_side_at_each_round_or_megabyte(tmp_path):
+    """fedavg's two runs: 0.2 / 0.4, 0.4 / 0.6, no evaluation, 0.6 / 0.8: mean 0.3, 0.5, 0.7 at rounds 1,
+    2, 4 with std 0.1 (ddof 0); 3 MB a round (_write's bytes), so 3, 6 and 12 MB. fedprox's one run
+    ends at round 2: no band."""
+    for seed in (0, 1):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.2 + 0.2 * seed, 0.4 + 0.2 * seed, np.nan, 0.6 + 0.2 * seed])
+    _write(tmp_path, "fedprox", 0.1, 0, [0.5, 0.7])
+    results = load([tmp_path], prefixes=("round/bytes_",))
+    for x, xs in (("round", [1, 2, 4]), ("bytes", [3, 6, 12])):
+        (ax,) = [a for a in curve_figure(results, ["algorithm.name"], x=x).axes]
+        assert [line.get_label() for line in ax.lines] == ["fedavg (2 runs)", "fedprox (1 run)"]
+        np.testing.assert_allclose(ax.lines[0].get_xydata(), np.column_stack([xs, [0.3, 0.5, 0.7]]))
+        np.testing.assert_allclose(ax.lines[1].get_xydata(), [[xs[0], 0.5], [xs[1], 0.7]])
+        band = {tuple(np.round(v, 9)) for v in ax.collections[0].get_paths()[0].vertices}
+        assert {(xs[0], 0.2), (xs[0], 0.4), (xs[2], 0.6), (xs[2], 0.8)} <= band
+        assert {y for _, y in ax.collections[1].get_paths()[0].vertices} == {0.5, 0.7}     # one run: std 0
+    assert ax.get_xlabel() == "MB exchanged (up and down, cumulative)"
+
+
+def test_the_heat_map_shows_each_clients_samples_per_class_on_integer_ticks():
+    counts = np.array([[5, 0, 1], [0, 3, 3]])
+    fig = heatmap_figure(counts, title="run 7")
+    ax, bar = fig.axes
+    np.testing.assert_array_equal(ax.images[0].get_array(), counts)
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title(), bar.get_ylabel()) == ("class", "client", "run 7",
+                                                                                    "samples")
+    for ticks in (ax.get_xticks(), ax.get_yticks()):
+        assert len(ticks) > 1 and all(float(t).is_integer() for t in ticks)

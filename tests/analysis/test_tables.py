@@ -2,12 +2,14 @@
 grouping, final vs best, rounds to a target and the speed-up, personalised accuracy, the forgetting
 degree per class, time and bytes, the three renderings, curves and the partition heat map, and a
 folder mixing complete, unfinished and corrupt files."""
+import warnings
+
 import numpy as np
 import pytest
 
 from hpcfl.analysis import load, render, rounds_to_target, summary, tidy
 from hpcfl.analysis.paired import compare
-from hpcfl.analysis.results import truncate
+from hpcfl.analysis.results import MISSING, bytes_exchanged, shown, truncate
 from hpcfl.analysis.tables import forgetting, statistic, time_and_bytes
 from hpcfl.analyze import main
 from hpcfl.metrics import Recorder
@@ -415,3 +417,34 @@ def test_runs_group_and_pair_by_the_parameters_they_ran_with(tmp_path):
     assert list(table["runs"]) == [2, 2]
     (row,) = compare(results, {"algorithm.name": "fedavg"})[0].to_dict("records")
     assert row["n"] == 2 and row["effect_mean"] == pytest.approx(0.15)
+
+
+def test_a_groups_missing_value_is_shown_as_missing_and_others_as_text():
+    assert shown(None) == MISSING and shown(float("nan")) == MISSING
+    assert (shown(0.5), shown("fedavg"), shown([1, 2])) == ("0.5", "fedavg", "[1, 2]")
+
+
+def test_bytes_exchanged_sums_every_payload_and_direction_per_round_then_accumulates():
+    metrics = {"round/bytes_up/model": np.array([1.0, 2.0, 3.0]),
+               "round/bytes_down/model": np.array([10.0, np.nan, 30.0]),
+               "round/bytes_exchange/features": np.array([100.0, 0.0, 0.0]),
+               "round/test_acc": np.array([0.5, 0.6, 0.7])}
+    assert list(bytes_exchanged(metrics)) == [111.0, 113.0, 146.0]         # a NaN round adds nothing
+    assert len(bytes_exchanged({"round/test_acc": np.ones(3)})) == 0
+
+
+def test_load_keeps_the_named_metrics_and_those_under_the_prefixes_given_in_a_list(tmp_path):
+    _write(tmp_path, "fedavg", 0.1, 0, [0.1, 0.2])
+    (series,) = load([tmp_path], metrics=("round/test_acc",), prefixes=["round/bytes_"]).series.values()
+    assert sorted(series) == ["round/bytes_down/model", "round/bytes_up/model", "round/test_acc"]
+
+
+def test_a_result_file_with_a_keys_old_name_reads_under_the_new_name_without_a_warning(tmp_path):
+    """Old files are history, not a user's job to fix: no FutureWarning at every analysis."""
+    config = {"run": {"seed": 0}, "algorithm": {"name": "fedavg", "regularizers": {"prox": {"mu": 0.1}}}}
+    with Recorder.create(tmp_path / "old.h5", {"config": config}) as recorder:
+        recorder.append_round(0, {"round/test_acc": 0.5})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runs = load([tmp_path]).runs
+    assert runs.loc[0, "algorithm.terms.prox.mu"] == 0.1 and "algorithm.regularizers.prox.mu" not in runs

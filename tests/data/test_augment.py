@@ -1,4 +1,7 @@
 """Batched on-device augmentation: seeded, shape-preserving, and doing exactly the advertised geometry."""
+import functools
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -95,3 +98,75 @@ def test_simclr_crop_flip_of_a_ramp_is_a_monotone_ramp_half_of_them_mirrored():
         assert torch.all(rising | falling)
         strict = rising ^ falling                                               # not flattened to a constant
         assert abs(falling[strict].float().mean().item() - 0.5) < 0.05
+
+
+def _bilinear_row(row: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+    """`row` (... x W) read at continuous pixel positions `xs` (pixel k spans [k, k + 1]), linearly
+    between pixel centres, clamped to the edge pixels (grid_sample's border mode)."""
+    p = (xs - 0.5).clamp(0, row.shape[-1] - 1)
+    low = p.floor().long()
+    high = (low + 1).clamp(max=row.shape[-1] - 1)
+    t = p - low
+    return row[..., low] * (1 - t) + row[..., high] * t
+
+
+def _luma(image: torch.Tensor) -> torch.Tensor:
+    """1 x H x W luma of a C x H x W image: PIL's convert("L") weights (the pipeline SupCon's transforms
+    ran on; torchvision's tensor path weighs red 0.2989), or the image itself with one channel."""
+    if len(image) == 1:
+        return image
+    return 0.299 * image[0:1] + 0.587 * image[1:2] + 0.114 * image[2:3]
+
+
+def _reference_view(pixels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One SimCLR view written the slow way, image by image: RandomResizedCrop's box in pixels (area
+    fraction in [0.2, 1], width/height ratio log-uniform in [3/4, 4/3], each side at most the image's,
+    placed uniformly inside it) resampled bilinearly, a flip with p = 1/2, then, with p = 0.8,
+    torchvision's brightness, contrast and saturation formulas at factors uniform in [0.6, 1.4], and a
+    grayscale with p = 0.2. The random numbers are drawn in the order the batched code draws them."""
+    n, c, h, w = pixels.shape
+    rand = functools.partial(torch.rand, generator=generator, dtype=pixels.dtype)
+    area = rand(n) * 0.8 + 0.2
+    ratio = torch.exp(rand(n) * (math.log(4 / 3) - math.log(3 / 4)) + math.log(3 / 4))
+    place_x, place_y = rand(n), rand(n)
+    flip = torch.rand(n, generator=generator) < 0.5
+    jitter = torch.rand(n, generator=generator) < 0.8
+    factors = (rand(3 * n) * 0.8 + 0.6).view(3, n)
+    gray = torch.rand(n, generator=generator) < 0.2
+    views = []
+    for i in range(n):
+        box_w = min(math.sqrt(area[i] * h * w * ratio[i]), w)            # pixels
+        box_h = min(math.sqrt(area[i] * h * w / ratio[i]), h)
+        left, top = place_x[i] * (w - box_w), place_y[i] * (h - box_h)
+        cols = left + (torch.arange(w, dtype=pixels.dtype) + 0.5) * box_w / w
+        rows = top + (torch.arange(h, dtype=pixels.dtype) + 0.5) * box_h / h
+        image = _bilinear_row(_bilinear_row(pixels[i], cols).transpose(1, 2), rows).transpose(1, 2)
+        image = image.flip(-1) if flip[i] else image
+        if jitter[i]:
+            brightness, contrast, saturation = factors[:, i]
+            image = (brightness * image).clamp(0, 1)
+            image = (contrast * image + (1 - contrast) * _luma(image).mean()).clamp(0, 1)
+            image = (saturation * image + (1 - saturation) * _luma(image)).clamp(0, 1)
+        views.append(_luma(image).expand_as(image) if gray[i] else image)
+    return torch.stack(views)
+
+
+@pytest.mark.parametrize("channels, h, w", [(3, 5, 7), (3, 7, 5), (1, 5, 7)])
+def test_simclr_views_match_an_image_by_image_reference(channels, h, w):
+    """Both views against the slow reference on non-square images (each orientation clamps the other
+    side of the box): the crop box's area, ratio, clamp and placement, the flip, each jitter op and its
+    range, the grayscale, and the un-/re-normalising."""
+    n = 64
+    mean, std = MEAN[:channels], STD[:channels]
+    pixels = torch.rand(n, channels, h, w, generator=_gen(10), dtype=torch.float64)
+    mean_t, std_t = (torch.tensor(v, dtype=torch.float64).view(1, -1, 1, 1) for v in (mean, std))
+    views = simclr_views((pixels - mean_t) / std_t, _gen(11), mean, std)
+    generator = _gen(11)
+    for view in views:
+        expected = (_reference_view(pixels, generator) - mean_t) / std_t
+        torch.testing.assert_close(view, expected, rtol=0, atol=1e-9)
+
+
+def test_crop_flip_pads_by_four_by_default():
+    x = _distinct(32)
+    assert torch.equal(random_crop_flip(x, _gen(12)), random_crop_flip(x, _gen(12), padding=4))

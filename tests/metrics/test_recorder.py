@@ -1,4 +1,5 @@
 """Result files: round trip, refusals, and readability while written and after SIGKILL."""
+import dataclasses
 import os
 import re
 import signal
@@ -181,6 +182,19 @@ def test_reader_trusts_only_committed_rows(tmp_path):
     assert run.arrays["partition"].shape == (4, 3)
 
 
+def test_reading_named_arrays_reads_those_alone_cut_at_the_committed_rounds(tmp_path):
+    path = tmp_path / "r.h5"
+    write_run(path)
+    with h5py.File(path, "r+") as f:  # as if the writer died inside round 2
+        f.attrs["committed_rounds"] = 2
+    run = read_run(str(path), keys=["partition", "round/test_acc", "round/absent"])
+    assert sorted(run.arrays) == ["partition", "round/test_acc"] and run.rounds == 2
+    np.testing.assert_array_equal(run.arrays["round/test_acc"], [0.0, 0.1])
+    np.testing.assert_array_equal(run.arrays["partition"], np.arange(12).reshape(4, 3))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.rounds = 5                          # a file's contents, read: not a place to keep edits
+
+
 def test_bad_attribute_leaves_no_file(tmp_path):
     path = tmp_path / "r.h5"
     with pytest.raises(ResultsError, match="when"):
@@ -225,3 +239,124 @@ def test_create_writes_the_fixed_arrays_and_a_bad_one_leaves_no_file(tmp_path):
     with pytest.raises(ResultsError, match="cannot store array 'bad'"):
         Recorder.create(tmp_path / "s.h5", {}, {"partition": np.arange(3), "bad": np.array([object()])})
     assert not (tmp_path / "s.h5").exists()         # the corrected retry is not refused
+
+
+def test_reopen_drops_the_rows_after_the_checkpoint_and_continues_from_there(tmp_path):
+    """A resumed run's checkpoint is after round 2 of 4 written: rows 2 and 3 go (they will be written
+    again), fixed arrays stay, the next round must be 2, and the file reads as 2 rounds in between."""
+    path = tmp_path / "r.h5"
+    write_run(path)
+    recorder = Recorder.reopen(path, 2)
+    assert read_run(path).rounds == 2
+    with h5py.File(path, "r", locking=False) as file:
+        assert file["client/train_loss"].shape == (2, 4) and file["round/test_acc"].shape == (2,)
+    with pytest.raises(ResultsError, match="expected 2, got 3"):
+        recorder.append_round(3, {"round/test_acc": 0.9})
+    recorder.append_round(2, {"round/test_acc": 0.7, "client/train_loss": np.ones(4)})
+    recorder.close()
+    run = read_run(path)
+    assert run.rounds == 3 and run.arrays["partition"].shape == (4, 3)
+    np.testing.assert_array_equal(run.arrays["round/test_acc"], [0.0, 0.1, 0.7])
+    np.testing.assert_array_equal(run.arrays["class/test_acc"][2], [np.nan] * 3)    # a key round 2 did not write
+    with pytest.raises(ResultsError, match=r"holds 3 rounds but its checkpoint is after round 4"):
+        Recorder.reopen(path, 4)
+    Recorder.reopen(path, 3).close()            # the refused reopen closed the file: it opens again
+
+
+def test_each_append_leaves_the_file_exactly_at_its_committed_rounds(tmp_path):
+    """No row past the committed ones, a fresh file commits 0, and each key's chunks hold about 64 KiB
+    of rows, between 1 and 1024 rows."""
+    path = tmp_path / "r.h5"
+    with Recorder.create(path, {}) as recorder:
+        assert read_run(path).rounds == 0
+        for round in range(3):
+            recorder.append_round(round, {"round/acc": 0.5, "client/loss": np.zeros(1000), "rank/big": np.zeros(9000)})
+            with h5py.File(path, "r", locking=False) as file:
+                assert file.attrs["committed_rounds"] == round + 1
+                assert {file[k].shape[0] for k in ("round/acc", "client/loss", "rank/big")} == {round + 1}
+                chunks = {k: file[k].chunks[0] for k in ("round/acc", "client/loss", "rank/big")}
+        assert chunks == {"round/acc": 1024, "client/loss": 8, "rank/big": 1}      # 8 B, 8,000 B, 72,000 B rows
+
+
+def test_what_a_recorder_refuses_and_that_it_refuses_after_closing(tmp_path):
+    path = tmp_path / "r.h5"
+    with Recorder.create(path, {}) as recorder:
+        with pytest.raises(ResultsError, match="'round/name' must be a number"):
+            recorder.append_round(0, {"round/name": "fedavg"})
+        with pytest.raises(ResultsError, match="'committed_rounds' is reserved"):
+            recorder.set_attr("committed_rounds", 3)
+        with pytest.raises(ResultsError, match="'config' cannot be stored as JSON"):
+            recorder.set_attr("config", {"lr": object()})
+        recorder.write_array("partition", np.zeros(3))
+        with pytest.raises(ResultsError, match="'partition' already exists"):
+            recorder.write_array("partition", np.ones(3))
+        with pytest.raises(ResultsError, match="'partition' clashes with an existing entry"):
+            recorder.append_round(0, {"partition": 1.0})
+        with pytest.raises(ResultsError, match="cannot create round value 'round/acc'"):
+            recorder.append_round(0, {"round": 1.0, "round/acc": 0.5})            # "round" cannot be both
+        recorder.set_attr("note", {"a": 1})
+        recorder.set_attr("note", "plain text now")          # no longer JSON: read back as written
+    assert read_run(path).attrs["note"] == "plain text now"
+    for write in (lambda: recorder.append_round(0, {"round/acc": 0.5}), lambda: recorder.set_attr("status", "x"),
+                  lambda: recorder.write_array("other", np.zeros(2))):
+        with pytest.raises(ResultsError, match="already closed"):
+            write()
+
+
+def test_compact_compresses_from_4096_bytes_and_keeps_each_arrays_attributes(tmp_path):
+    path = tmp_path / "run.h5"
+    with Recorder.create(path, {}) as recorder:
+        recorder.write_array("at", np.zeros(512))              # 4,096 bytes
+        recorder.write_array("below", np.zeros(511))           # 4,088 bytes
+        recorder.append_round(0, {"round/acc": 0.5})
+        recorder.set_attr("status", "completed")
+    assert compact(str(path))
+    with h5py.File(path, "r") as file:
+        assert file["at"].compression == "gzip" and file["below"].compression is None
+        assert file["round/acc"].attrs["axis0"] == "round"     # still a per-round series: a later reopen finds it
+        assert file.attrs["schema_version"] == 1               # the format this reader's files carry
+
+
+STEPS = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from hpcfl.metrics import Recorder
+    def step(name):
+        print(name, flush=True)
+        sys.stdin.readline()       # the file stays open while the test reads it from outside
+    rec = Recorder.create(sys.argv[1], {"name": "live"}, {"partition": np.arange(4)})
+    step("created")
+    rec.write_array("example/test_size", np.int64(7))
+    step("array")
+    rec.append_round(0, {"round/acc": 0.5})
+    rec.append_round(1, {"round/acc": 0.6})
+    rec.set_attr("status", "completed")
+    step("status")
+    rec.close()
+    rec = Recorder.reopen(sys.argv[1], 1)
+    step("reopened")
+    """
+)
+
+
+def test_every_write_reaches_the_file_before_the_writer_goes_on(tmp_path):
+    """Another process sees each step while the writer still holds the file: what `hpcfl status`
+    and a crash after that step would see."""
+    path = tmp_path / "live.h5"
+    writer = subprocess.Popen([sys.executable, "-c", STEPS, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        seen = {}
+        for _ in range(4):
+            step = writer.stdout.readline().strip()
+            seen[step] = read_run(path)
+            writer.stdin.write("\n")
+            writer.stdin.flush()
+        assert writer.wait(timeout=30) == 0
+    finally:
+        writer.kill()
+    assert seen["created"].attrs["name"] == "live" and list(seen["created"].arrays) == ["partition"]
+    assert int(seen["array"].arrays["example/test_size"]) == 7
+    assert seen["status"].attrs["status"] == "completed" and seen["status"].rounds == 2
+    assert seen["reopened"].rounds == 1 and list(seen["reopened"].arrays["round/acc"]) == [0.5]

@@ -1,5 +1,7 @@
 """Model registry: every model builds, splits into features/classifier, is seed-deterministic, and the
 FedMA models have the papers' exact parameter shapes; the model options ([model] params)."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
 from hpcfl.models import MODELS, build_model, count_parameters, model_options
-from hpcfl.models.common import HeadOptions, ReluLinear
+from hpcfl.models.common import DEFAULT_HEAD, HeadOptions, ReluLinear
 from hpcfl.models.evaluation import evaluate
 from hpcfl.models.vision import ResNetOptions
 from hpcfl.params import model_params
@@ -249,6 +251,24 @@ def test_the_smallest_images_a_model_takes_and_the_message_below(name, smallest)
         build_model(name, (1, smallest - 1, smallest - 1), 10)
 
 
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"char_lstm"}))
+def test_non_square_images_work_either_way_round_or_are_refused_by_their_short_side(name):
+    """Height and width are read apart: a wide and a tall image both build a model that runs, the
+    8-px side decides the small-input padding (fmnist_cnn) and the size check, whichever side it is."""
+    for shape in ((3, 32, 40), (3, 40, 32), (1, 8, 28), (1, 28, 8)):
+        try:
+            model = build_model(name, shape, 10)
+        except ConfigError as err:
+            assert "needs images at least 16x16 px" in str(err) and min(shape[1:]) == 8, (name, shape)
+            continue
+        assert model(torch.randn(2, *shape)).shape == (2, 10), (name, shape)
+        assert all(module.training for module in model.modules())    # the size probe ran in eval, then put back
+    if name.startswith("fmnist_cnn"):
+        build_model(name, (1, 8, 28), 10)
+        with pytest.raises(ConfigError, match="at least 4x4 px"):
+            build_model(name, (1, 3, 28), 10)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_bad_or_tiny_inputs_give_config_errors(name):
     """8x8 digits either work or are refused with a ConfigError; a wrong rank always is."""
@@ -298,6 +318,11 @@ def test_preactivation_moves_the_last_relu_into_the_classifier(name, options):
         torch.testing.assert_close(pre.classifier(features), pre(x))
         torch.testing.assert_close(pre(x), plain(x))
         torch.testing.assert_close(features.relu(), plain.features(x))
+
+
+def test_the_shared_default_head_options_cannot_be_changed_by_one_model():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT_HEAD.preactivation = True
 
 
 def test_moon_head_refuses_a_preactivation_classifier():

@@ -1,8 +1,15 @@
-"""The worker's NaN/Inf check of a client's loss and contributions (train.on_nonfinite), and its host reads."""
+"""The worker: a phase's weighted sums, metric rows and evaluation blocks, the NaN/Inf check of a
+client's loss and contributions (train.on_nonfinite), errors named by client, matching and swap
+phases, and its host reads."""
+import numpy as np
 import pytest
 import torch
 
+from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
+from hpcfl.errors import HpcflError
+from hpcfl.payload import Layout
 from hpcfl.runtime.worker import _finite
+from hpcfl.transport import LocalTransport
 
 BIG = torch.finfo(torch.float32).max
 
@@ -63,3 +70,141 @@ def test_local_training_never_reads_the_device_per_batch(algorithm, tiny_job, tm
     assert reads[1] == reads[4]                       # none per batch: per client, per state tensor, per round
     if algorithm == "fedavg":                         # 4 clients a round, and the round's bookkeeping
         assert reads[1] <= 2 * 4 + 10
+
+
+class _Scripted:
+    """An algorithm whose client updates are scripted per client: (contribution, weight, metrics, or an
+    exception to raise); each update leaves its client's state at 99 and records what it received."""
+    name = "scripted"
+    traits = type("Traits", (), {"batched": False})()
+
+    def __init__(self, script):
+        self.script, self.received, self.handed, self.taken = script, {}, [], {}
+
+    def receive(self, phase, round, downlink):
+        self.received["round"] = (round, downlink)
+
+    def client_model(self, client, model):
+        return model
+
+    def client_update(self, phase, round, client, received, model, trainer):
+        contribution, weight, metrics = self.script[client.id]
+        if isinstance(metrics, Exception):
+            raise metrics
+        client.state = {"scripted": {"c": torch.full((2,), 99.0, requires_grad=True)}}
+        self.received[client.id] = received
+        return ({} if contribution is None else {"model": ({"w": torch.tensor(contribution)}, weight)}), dict(metrics)
+
+    def gather_out(self, phase, round, client):
+        return torch.full((2, 2), float(client.id), dtype=torch.float32)
+
+    def exchange_out(self, phase, client):
+        self.handed.append(client.id)
+        return {"w": torch.full((3,), float(client.id))}
+
+    def exchange_in(self, phase, client, received):
+        self.taken[client.id] = received["w"].clone()
+
+
+def _worker(script, drop=False, moving=False, clients=3):
+    from hpcfl.data.client import Client
+    from hpcfl.runtime.worker import Worker
+
+    model = torch.nn.Linear(2, 3, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]))
+    population = {c: Client(c, torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64), np.ones(3),
+                            state={"scripted": {"c": torch.full((2,), 7.0)}}) for c in range(clients)}
+    return Worker(_Scripted(script), population, {"": model}, None, "cpu", num_classes=3, eval_batch=2,
+                  drop_nonfinite=drop, moving=moving)
+
+
+METRICS = ("train_loss", "nonfinite", "val_acc", "val_loss", "steps")
+PHASE = Phase("train", uplink={"model": Layout.of({"w": torch.zeros(2)})})
+
+
+def test_a_phase_sums_the_finite_weighted_updates_and_flags_the_others(tmp_path):
+    """Client 0 adds 2 x [1, 2], client 2 0.5 x [100, 200]; client 1's loss is NaN: left out of the sum,
+    flagged with its loss kept, and (on_nonfinite = 'drop') back to its state of before the round."""
+    worker = _worker({0: ([1.0, 2.0], 2.0, {"train_loss": 0.5, "steps": 4}),
+                      1: ([10.0, 20.0], 1.0, {"train_loss": float("nan")}),
+                      2: ([100.0, 200.0], 0.5, {"train_loss": 0.25, "steps": 2})}, drop=True)
+    x = torch.tensor([[2.0, 1.0], [0.0, 1.0], [-1.0, -2.0], [1.0, 3.0]])     # predicted 0, 1, 2, 1
+    y = torch.tensor([0, 1, 1, 1])
+    worker.clients[0].eval_sets = {"val": (x, y)}
+    for client in worker.clients.values():
+        client.test_set = (x[:2], y[:2])
+    rows = np.zeros((3, len(METRICS)))
+    blocks = {"val_correct": np.zeros((3, 4), np.uint8), "class_acc": np.zeros((3, 3))}
+    sums = worker.run_phase(PHASE, 2, [0, 1, 2], {"down": 1}, rows, METRICS, blocks)
+    np.testing.assert_array_equal(sums["model"], [52.0, 104.0])
+    assert sums["model"].dtype == np.float64 and worker.algorithm.received["round"] == (2, {"down": 1})
+    np.testing.assert_array_equal(rows[0, [0, 2, 4]], [0.5, 0.75, 4])            # 3 of 4 right
+    assert rows[0, 3] == pytest.approx(np.mean([-np.log(np.exp(2) / (np.exp(2) + np.exp(1) + np.exp(-3))),
+                                                np.log(np.exp(0) + np.exp(1) + np.exp(-1)) - 1,
+                                                np.log(np.exp(-1) + np.exp(-2) + np.exp(3)) + 2,
+                                                np.log(np.exp(1) + np.exp(3) + np.exp(-4)) - 3]))
+    assert np.isnan(rows[0, 1]) and rows[1, 1] == 1.0 and np.isnan(rows[1, 0]) and rows[1, 2:].sum() == 0
+    np.testing.assert_array_equal(rows[2, [0, 4]], [0.25, 2])
+    np.testing.assert_array_equal(blocks["val_correct"][0], [1, 1, 0, 1])
+    np.testing.assert_array_equal(blocks["class_acc"][0], [1.0, 1.0, 0.0])        # classes 0 and 1 right, 2 unseen
+    assert blocks["val_correct"][1:].sum() == 0
+    assert worker.clients[1].state["scripted"]["c"].tolist() == [7.0, 7.0]          # dropped: as before the round
+    kept = worker.clients[0].state["scripted"]["c"]
+    assert kept.tolist() == [99.0, 99.0] and not kept.requires_grad                 # kept, detached, on the CPU
+    assert worker.compute_s > 0
+
+
+def test_a_phase_without_training_sums_and_writes_no_row():
+    worker = _worker({0: ([1.0, 1.0], 1.0, {}), 1: ([2.0, 2.0], 1.0, {}), 2: (None, 0.0, {})})
+    rows = np.full((3, len(METRICS)), -1.0)
+    sums = worker.run_phase(PHASE, 0, [0, 1], {}, rows, METRICS)
+    np.testing.assert_array_equal(sums["model"], [3.0, 3.0])
+    assert (rows == -1).all()
+
+
+def test_without_drop_a_faulty_client_keeps_what_its_update_left():
+    worker = _worker({0: ([1.0, 2.0], 1.0, {"train_loss": float("inf")})})
+    rows = np.zeros((3, len(METRICS)))
+    worker.run_phase(PHASE, 0, [0], {}, rows, METRICS)
+    assert rows[0, 1] == 1.0 and rows[0, 0] == float("inf")
+    assert worker.clients[0].state["scripted"]["c"].tolist() == [99.0, 99.0]
+
+
+def test_a_failing_update_names_its_client_round_and_phase():
+    worker = _worker({0: ([1.0, 2.0], 1.0, {"train_loss": 1.0}), 1: (None, 0.0, ValueError("boom"))})
+    with pytest.raises(ValueError, match="boom") as err:
+        worker.run_phase(PHASE, 4, [0, 1], {}, np.zeros((3, len(METRICS))), METRICS)
+    assert err.value.__notes__ == ["hpcfl: in client 1, round 5, phase 'train'"]
+
+
+def test_moving_clients_must_keep_nothing():
+    worker = _worker({0: ([1.0, 2.0], 1.0, {"train_loss": 1.0})}, moving=True)
+    with pytest.raises(HpcflError, match=r"'scripted' declares stateless clients, but client 0 kept \['scripted: c'\]"):
+        worker.run_phase(PHASE, 0, [0], {}, np.zeros((3, len(METRICS))), METRICS)
+
+
+def test_a_matching_phase_opens_with_each_clients_tensor_and_each_gets_its_reply():
+    worker = _worker({0: ([1.0, 2.0], 1.0, {"train_loss": 1.0}), 1: ([1.0, 2.0], 1.0, {"train_loss": 1.0})})
+    gathered = worker.gather(MatchPhase("match"), 0, [0, 1])
+    assert {c: v.tolist() for c, v in gathered.items()} == {0: [0.0] * 4, 1: [1.0] * 4}
+    assert all(v.dtype == np.float64 for v in gathered.values())
+    downlink = {MATCHED: {"global": torch.ones(1)}}
+    replies = {0: torch.zeros(1), 1: torch.full((1,), 5.0)}
+    worker.run_phase(PHASE, 0, [0, 1], downlink, np.zeros((3, len(METRICS))), METRICS, replies=replies)
+    assert worker.algorithm.received[1][MATCHED]["reply"].item() == 5.0
+    assert worker.algorithm.received[1][MATCHED]["global"].item() == 1.0
+
+
+def test_a_swap_hands_over_the_involved_clients_tensors_only():
+    worker = _worker({}, clients=3)
+    worker.exchange(SwapPhase("swap", Layout.of({"w": torch.zeros(3)})), 0, [0, 1, 2], LocalTransport({}), {0: 1, 1: 0})
+    assert sorted(worker.algorithm.handed) == [0, 1]                       # client 2 is in no pair
+    assert {c: t.tolist() for c, t in worker.algorithm.taken.items()} == {0: [1.0] * 3, 1: [0.0] * 3}
+    assert worker.compute_s > 0
+
+
+def test_the_clients_kept_state_is_counted_in_bytes():
+    worker = _worker({}, clients=2)                                        # two 2-element float32 states
+    worker.clients[1].term_state = {"moon": {"prev": torch.zeros(3, dtype=torch.int64)}}
+    assert worker.client_state_bytes() == 2 * 2 * 4 + 3 * 8
