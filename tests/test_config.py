@@ -1,4 +1,5 @@
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,28 @@ def test_a_job_is_resolved_once_into_what_set_up_builds_from(tmp_path):
     assert not prepare({"algorithm": {"terms": ["moon"]}}).moving                         # MOON keeps the last model
     prox = prepare({"algorithm": {"name": "fedprox"}})
     assert prox.algorithm_class.name == "fedprox" and list(prox.adapting) == ["prox"] and prox.terms == {}
+
+
+def test_the_defaults_a_job_gets_for_the_keys_it_leaves_out():
+    """A change here changes every run that leaves the key out: make it on purpose, with a CHANGELOG
+    entry (the docs' job-file reference is generated from the same fields)."""
+    assert JobConfig().to_dict() == {
+        "run": {"study": "default", "name": "", "arm": "", "seed": 0, "rounds": 10, "results_root": "results",
+                "device": "auto", "threads": 1, "memory_format": "auto", "checkpoint_every": 10, "checkpoint_keep": 2,
+                "round_timeout_s": 1800.0, "placement": "auto"},
+        "data": {"dataset": "fashion_mnist", "root": "", "num_clients": 20, "partition": "iid", "partition_params": {},
+                 "min_samples": 10, "train_samples": 0, "validation_fraction": 0.0, "local_test_ratio": 0.0,
+                 "seed": -1},
+        "model": {"name": "fmnist_cnn", "architectures": [], "batchnorm": "average", "params": {}},
+        "train": {"clients_per_round": 10, "local_epochs": 1, "batch_size": 32, "optimizer": "sgd",
+                  "betas": [0.9, 0.999], "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "augment": "none",
+                  "on_nonfinite": "stop", "batched_clients": "auto", "cuda_graphs": False, "precision": "fp32"},
+        "algorithm": {"name": "fedavg", "params": {}, "terms": {}},
+        "eval": {"every": 1, "batch_size": 1000, "forgetting": False, "feature_quality": False}}
+    assert list(json.loads(JobConfig().to_json())) == ["algorithm", "data", "eval", "model", "run", "train"]
+
+
+@pytest.mark.parametrize("every, evaluated", [(1, list(range(10))), (3, [2, 5, 8, 9]), (5, [4, 9]), (20, [9])])
+def test_the_server_model_is_tested_every_k_rounds_and_after_the_last(every, evaluated):
+    job = job_from_dict({"run": {"rounds": 10}, "eval": {"every": every}})
+    assert [r for r in range(10) if job.evaluates(r)] == evaluated

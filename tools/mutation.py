@@ -100,7 +100,7 @@ MODULES = {
     "algorithms/phases": ["tests/algorithms/test_fedcme.py", "tests/algorithms/test_fedma.py"],
     "sweep": ["tests/test_sweep.py", "tests/test_cli.py"],
     "analysis/plots": ["tests/analysis/test_plots.py", "tests/analysis/test_tables.py"],
-    "runtime/worker": ["tests/runtime/test_worker.py"],
+    "runtime/worker": ["tests/runtime/test_worker.py", "tests/training/test_batched.py"],
     "terms/__init__": ["tests/test_terms.py"],
 }
 

@@ -167,7 +167,7 @@ class Recorder:
             if key not in self._series:
                 self._series[key] = self._create_series(key, row, round + 1)
             self._series[key][round] = row
-        self._file.flush()
+        self._file.flush()                      # the rows reach the file before they are committed
         self._file.attrs.modify("committed_rounds", np.int64(round + 1))
         self._file.flush()
         self._rounds = round + 1

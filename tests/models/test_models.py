@@ -203,6 +203,10 @@ def test_vgg9_matches_fedma_table4_exactly():
     assert not any(k.endswith(("running_mean", "running_var")) for k in model.state_dict())
     dropouts = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
     assert dropouts == [0.05, 0.10, 0.10]
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == 6 and {(m.stride, m.padding) for m in convs} == {((1, 1), (1, 1))}   # size-preserving
+    with pytest.raises(ConfigError, match="at least 8x8 px"):       # three 2x2 pools leave nothing of 7 px
+        build_model("vgg9", (3, 7, 7), 10)
 
 
 def test_lenet_shapes_and_431k_parameters():
@@ -219,6 +223,9 @@ def test_char_lstm_matches_fedma_table5_exactly():
     assert count_parameters(model) == 293_584            # FedMA Table 6, "original" parameter count
     h = model.features(torch.randint(0, VOCAB, (2, SEQ_LEN)))
     assert h.shape == (2, 256)
+    assert build_model("char_lstm", (1,), VOCAB)(torch.zeros(2, 1, dtype=torch.int64)).shape == (2, VOCAB)
+    with pytest.raises(ConfigError, match=r"in_shape must be \(seq_len,\), got \(0,\)"):
+        build_model("char_lstm", (0,), VOCAB)
 
 
 def test_input_adaptation_keeps_the_other_shapes():
