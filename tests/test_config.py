@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcfl.config import JobConfig, apply_overrides, parse_override
+from hpcfl.config import JobConfig, apply_overrides, parse_override, read_job
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict, load_job
 
@@ -140,3 +140,69 @@ def test_the_defaults_a_job_gets_for_the_keys_it_leaves_out():
 def test_the_server_model_is_tested_every_k_rounds_and_after_the_last(every, evaluated):
     job = job_from_dict({"run": {"rounds": 10}, "eval": {"every": every}})
     assert [r for r in range(10) if job.evaluates(r)] == evaluated
+
+
+def _job(**keys):
+    """A job with dotted `keys` set ({"run.seed": 3}); tables as TOML gives them."""
+    raw = {}
+    for key, value in keys.items():
+        section, name = key.split(".")
+        raw.setdefault(section, {})[name] = value
+    return job_from_dict(raw)
+
+
+@pytest.mark.parametrize("keys", [
+    {"run.rounds": 1}, {"run.seed": 0}, {"run.seed": 2 ** 63 - 1}, {"train.momentum": 0.0},
+    {"train.batched_clients": 0}, {"train.batched_clients": 2 ** 63 - 1}, {"train.batched_clients": "auto"},
+    {"train.cuda_graphs": True}, {"train.cuda_graphs": False, "train.batched_clients": 0},
+    {"data.seed": -1}, {"data.validation_fraction": 0.0}, {"data.validation_fraction": 0.99},
+    {"train.betas": [0.0, 0.999]}, {"model.architectures": []}, {"run.name": "x" * 200}, {"run.name": "é" * 100}])
+def test_the_edges_of_each_range_are_accepted(keys):
+    _job(**keys)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"run.rounds": 0}, "run.rounds = 0 must be > 0"),
+    ({"run.seed": -1}, "run.seed = -1 must be >= 0"),
+    ({"run.seed": -2 ** 63}, "run.seed = -9223372036854775808 must be >= 0"),     # 64 bits, then the range
+    ({"run.seed": -2 ** 63 - 1}, "out of range: integers have 64 bits"),
+    ({"run.seed": 2 ** 63}, "out of range: integers have 64 bits"),
+    ({"train.momentum": -0.1}, "train.momentum = -0.1 must be >= 0"),
+    ({"train.batched_clients": -1}, "train.batched_clients = -1 must be 'auto' or a number of clients >= 0"),
+    ({"train.batched_clients": 2 ** 63}, "train.batched_clients = 9223372036854775808 must be 'auto'"),
+    ({"train.batched_clients": True}, "train.batched_clients = True must be 'auto'"),
+    ({"train.cuda_graphs": True, "train.batched_clients": 0}, "train.cuda_graphs = true captures"),
+    ({"data.seed": -2}, "data.seed = -2 must be >= 0, or -1"),
+    ({"data.validation_fraction": 1.0}, r"data.validation_fraction = 1.0 must be in \[0, 1\)"),
+    ({"data.validation_fraction": -0.1}, r"data.validation_fraction = -0.1 must be in \[0, 1\)"),
+    ({"train.betas": [0.9, 1.0]}, "train.betas = .* must be two numbers in"),
+    ({"train.betas": [-0.1, 0.9]}, "train.betas = .* must be two numbers in"),
+    ({"train.betas": [0.9]}, "train.betas = .* must be two numbers in"),
+    ({"model.architectures": "resnet18"}, "model.architectures = 'resnet18' must be a list of model names"),
+    ({"model.architectures": [1]}, r"model.architectures = \[1\] must be a list of model names"),
+    ({"run.name": "x" * 201}, "run.name = .* must be a plain name: printable, at most 200 bytes"),
+    ({"run.name": "é" * 101}, "run.name = .* at most 200 bytes"),                    # 202 bytes in UTF-8
+    ({"run.results_root": "a\0b"}, "run.results_root = .* holds a NUL character"),
+    ({"data.root": "a\0b"}, "data.root = .* holds a NUL character")])
+def test_a_value_past_an_edge_is_refused_naming_the_key_and_the_range(keys, message):
+    with pytest.raises(ConfigError, match=message):
+        _job(**keys)
+
+
+def test_a_section_must_be_a_table_and_an_override_cannot_reach_into_a_value():
+    with pytest.raises(ConfigError, match=r"\[run\] must be a table, got 5"):
+        job_from_dict({"run": 5})
+    raw = {"train": {"lr": 0.1}}
+    with pytest.raises(ConfigError, match="override 'train.lr.x=1': train.lr is a value, not a table"):
+        apply_overrides(raw, ["train.lr.x=1"])
+    assert apply_overrides(raw, ["train.lr=0.2"]) == {"train": {"lr": 0.2}} and raw == {"train": {"lr": 0.1}}
+    with pytest.raises(ConfigError, match="is not KEY=VALUE with a dotted KEY"):
+        parse_override('" ".lr=1')                                  # a blank key part names nothing
+
+
+def test_a_job_file_with_a_sweep_runs_only_as_one_of_its_points(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[run]\nrounds = 3\n[sweep]\nseeds = [0, 1]\n')
+    with pytest.raises(ConfigError, match="defines a \\[sweep\\]: run one of its points with `hpcfl sweep"):
+        read_job(path)
+    assert read_job(path, allow_sweep=True).run.rounds == 3

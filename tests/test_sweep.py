@@ -1,12 +1,17 @@
 """Sweeps: a grid times seeds expands deterministically into named points; a point runs by index or
-by SLURM array task id, writes its own result file, and is skipped once complete."""
+by SLURM array task id, writes its own result file, and is skipped once complete; values written
+as TOML; submission as one job array."""
+import os
+import tomllib
+
 import pytest
 
 from hpcfl.config import read_job_file
 from hpcfl.errors import ConfigError
+from hpcfl.init import TEMPLATES
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
-from hpcfl.sweep import main, points
+from hpcfl.sweep import main, points, toml_value
 
 SWEEP = """
 [run]
@@ -112,3 +117,79 @@ def test_an_arm_naming_a_plug_in_term_in_table_form_runs_with_its_parameters(job
     assert main([str(job), "--index", "0", "--results-root", str(tmp_path / "results")]) == 0
     config = read_run(tmp_path / "results" / "grid" / "sweep-Centred-0.5-seed0.h5").attrs["config"]
     assert config["algorithm"]["terms"] == {"labfl.term:Centring": {"weight": 0.02}}
+
+
+@pytest.mark.parametrize("value", [True, 3, 0.25, 'say "hi"', [0.1, [1, 2]], {"mu": 0.01, "pkg.mod:T": {"w": [1]}}])
+def test_a_sweep_value_is_written_as_the_toml_that_reads_it_back(value):
+    assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
+
+
+def test_a_value_toml_cannot_hold_is_refused():
+    with pytest.raises(ConfigError, match="sweep value None has no TOML form"):
+        toml_value(None)
+
+
+@pytest.mark.parametrize("sweep, message", [
+    (3, r"\[sweep\] must be a table"), ({"gird": {}}, r"\[sweep\] must be a table with `grid`"),
+    ({"grid": {"train.lr": []}}, "sweep.grid must map each config key to a non-empty list"),
+    ({"grid": {"train.lr": 0.1}}, "sweep.grid must map each config key to a non-empty list"),
+    ({"grid": [1]}, "sweep.grid must map"), ({"seeds": [True]}, "sweep.seeds must be a non-empty list of integers"),
+    ({"seeds": []}, "sweep.seeds must be a non-empty list")])
+def test_a_malformed_sweep_table_is_refused_by_name(sweep, message):
+    with pytest.raises(ConfigError, match=message):
+        points({"sweep": sweep})
+
+
+def test_without_seeds_a_sweep_runs_the_jobs_own_seed():
+    assert points({"run": {"seed": 4}, "sweep": {"grid": {"train.lr": [0.1]}}})[0][1:] == [
+        "run.seed=4", 'run.name="sweep-0.1-seed4"']
+    assert points({"sweep": {"grid": {"train.lr": [0.1]}}})[0][1] == "run.seed=0"
+
+
+def test_the_command_line_is_read_from_sys_argv_by_default(job, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["hpcfl-sweep", str(job), "--list"])
+    assert main() == 0 and len(capsys.readouterr().out.splitlines()) == 8
+
+
+@pytest.fixture
+def sbatch(tmp_path, monkeypatch):
+    """A stand-in `sbatch` on PATH that records its arguments and exits with $FAKE_EXIT."""
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "called"}\nexit "${{FAKE_EXIT:-0}}"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    return tmp_path / "called"
+
+
+def test_submit_takes_the_script_from_hpcfl_slurm_then_slurm_here_and_returns_sbatchs_status(job, tmp_path, sbatch,
+                                                                                              capsys, monkeypatch):
+    site, here = tmp_path / "site", tmp_path / "work"
+    for folder in (site, here / "slurm"):
+        folder.mkdir(parents=True)
+        (folder / "sweep.sbatch").write_text("#!/bin/bash\n")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("HPCFL_SLURM", str(site))
+    assert main([str(job), "--submit"]) == 0
+    assert sbatch.read_text().split() == ["--array=0-7", str(site / "sweep.sbatch"), str(job)]
+    monkeypatch.delenv("HPCFL_SLURM")
+    monkeypatch.setenv("FAKE_EXIT", "3")
+    assert main([str(job), "--submit", "--max-concurrent", "0", "--", "--time=5"]) == 3   # 0: no limit; sbatch's status
+    assert sbatch.read_text().split() == ["--array=0-7", "--time=5", "slurm/sweep.sbatch", str(job)]
+    assert "hpcfl: 8 points: sbatch --array=0-7 --time=5 slurm/sweep.sbatch" in capsys.readouterr().out
+    (here / "slurm" / "sweep.sbatch").unlink()
+    monkeypatch.delenv("FAKE_EXIT")
+    assert main([str(job), "--submit"]) == 0                                     # the one hpcfl ships
+    assert sbatch.read_text().split()[1] == str(TEMPLATES / "slurm" / "sweep.sbatch")
+
+
+def test_submit_refuses_a_negative_limit_and_says_where_sbatch_is_missing(job, tmp_path, capsys, monkeypatch):
+    script = tmp_path / "sweep.sbatch"
+    assert main([str(job), "--submit", "--script", str(script)]) == 2
+    assert f"batch script {script} does not exist: pass --script PATH" in capsys.readouterr().err
+    script.write_text("#!/bin/bash\n")
+    assert main([str(job), "--submit", "--script", str(script), "--max-concurrent", "-1"]) == 2
+    assert "--max-concurrent -1 must be >= 1 (0: no limit)" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main([str(job), "--submit", "--script", str(script)]) == 2
+    assert "sbatch is not on PATH: submit from a SLURM login node" in capsys.readouterr().err

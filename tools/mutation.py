@@ -98,7 +98,7 @@ MODULES = {
     "config": ["tests/test_config.py", "tests/test_config_properties.py"],
     "models/fedma": ["tests/models/test_models.py", "tests/algorithms/test_fedma.py"],
     "algorithms/phases": ["tests/algorithms/test_fedcme.py", "tests/algorithms/test_fedma.py"],
-    "sweep": ["tests/test_sweep.py", "tests/test_cli.py"],
+    "sweep": ["tests/test_sweep.py"],
     "analysis/plots": ["tests/analysis/test_plots.py", "tests/analysis/test_tables.py"],
     "runtime/worker": ["tests/runtime/test_worker.py", "tests/training/test_batched.py"],
     "terms/__init__": ["tests/test_terms.py"],

@@ -46,7 +46,6 @@ def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc"
     nothing to draw (no run recorded `metric`, or the bytes for x = "bytes")."""
     fig = Figure(figsize=(6, 4.4))
     ax = fig.add_subplot()
-    drawn = 0
     for key, group in results.runs.groupby(by, sort=True, dropna=False) if by else [("all", results.runs)]:
         runs = [results.series[p] for p in group["path"] if metric in results.series[p]]
         if x == "bytes":
@@ -65,8 +64,7 @@ def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc"
         mean, std = values[:, shown].mean(0), values[:, shown].std(0)
         ax.plot(xs[shown], mean, label=f"{group_label(key)} ({len(runs)} run{'s' * (len(runs) > 1)})")
         ax.fill_between(xs[shown], mean - std, mean + std, alpha=0.2)
-        drawn += 1
-    if not drawn:
+    if not ax.lines:
         wanted = f"{metric} with the bytes exchanged (round/bytes_*)" if x == "bytes" else metric
         raise ValueError(f"nothing to draw: none of the {len(results.runs)} runs recorded {wanted} in a round; "
                          "--metric takes a round/... or client/... array of the result files")

@@ -86,6 +86,15 @@ def test_a_groups_line_is_the_mean_its_band_one_std_either_side_at_each_round_or
         assert {(xs[0], 0.2), (xs[0], 0.4), (xs[2], 0.6), (xs[2], 0.8)} <= band
         assert {y for _, y in ax.collections[1].get_paths()[0].vertices} == {0.5, 0.7}     # one run: std 0
     assert ax.get_xlabel() == "MB exchanged (up and down, cumulative)"
+    (ax,) = curve_figure(results, ["algorithm.name", "data.partition_params.beta"]).axes
+    assert [line.get_label() for line in ax.lines] == ["fedavg, 0.1 (2 runs)", "fedprox, 0.1 (1 run)"]
+
+
+def test_groups_are_drawn_in_the_order_of_their_values_not_of_their_files(tmp_path):
+    _write(tmp_path, "fedavg", 0.5, 0, [0.2, 0.4])                 # the first file, the larger beta
+    _write(tmp_path, "fedprox", 0.1, 0, [0.3, 0.5])
+    (ax,) = curve_figure(load([tmp_path]), ["data.partition_params.beta"]).axes
+    assert [line.get_label() for line in ax.lines] == ["0.1 (1 run)", "0.5 (1 run)"]
 
 
 def test_the_heat_map_shows_each_clients_samples_per_class_on_integer_ticks():

@@ -202,9 +202,9 @@ def test_reading_named_arrays_reads_those_alone_cut_at_the_committed_rounds(tmp_
 
 def test_bad_attribute_leaves_no_file(tmp_path):
     path = tmp_path / "r.h5"
-    with pytest.raises(ResultsError, match="when"):
+    with pytest.raises(ResultsError, match="when") as refused:
         Recorder.create(path, {"when": object()})
-    assert not path.exists() and _open_files() == 0
+    assert not path.exists() and _open_files() == 0 and refused.traceback    # closed, not left to the collector
     Recorder.create(path, {"when": "now"}).close()
 
 
@@ -263,9 +263,10 @@ def test_reopen_drops_the_rows_after_the_checkpoint_and_continues_from_there(tmp
     assert run.rounds == 3 and run.arrays["partition"].shape == (4, 3)
     np.testing.assert_array_equal(run.arrays["round/test_acc"], [0.0, 0.1, 0.7])
     np.testing.assert_array_equal(run.arrays["class/test_acc"][2], [np.nan] * 3)    # a key round 2 did not write
-    with pytest.raises(ResultsError, match=r"holds 3 rounds but its checkpoint is after round 4"):
+    with pytest.raises(ResultsError, match=r"holds 3 rounds but its checkpoint is after round 4") as refused:
         Recorder.reopen(path, 4)
-    assert _open_files() == 0                   # the refused reopen closed the file
+    assert _open_files() == 0 and refused.traceback      # the refused reopen closed the file
+    Recorder.reopen(path, 3).close()            # a checkpoint after the last committed round: nothing to drop
 
 
 def test_each_append_leaves_the_file_exactly_at_its_committed_rounds(tmp_path):
