@@ -102,6 +102,9 @@ MODULES = {
     "analysis/plots": ["tests/analysis/test_plots.py", "tests/analysis/test_tables.py"],
     "runtime/worker": ["tests/runtime/test_worker.py", "tests/training/test_batched.py"],
     "terms/__init__": ["tests/test_terms.py"],
+    "runtime/checkpoint": ["tests/runtime/test_checkpoint.py"],
+    "runtime/resume": ["tests/runtime/test_checkpoint.py"],
+    "runtime/report": ["tests/runtime/test_report.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

@@ -91,7 +91,7 @@ def _valid(directory: Path) -> str | None:
         for name, digest in manifest["files"].items():
             if hashlib.sha256((directory / name).read_bytes()).hexdigest() != digest:
                 return f"{name} does not match its checksum"
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:    # any damage
         return f"unreadable ({err})"
     return None
 

@@ -49,9 +49,8 @@ def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
         return False, 0, None
     try:
         existing = read_run(path).attrs
-    except (OSError, KeyError, ValueError) as err:
-        raise ResultsError(f"result file {path} exists but cannot be read ({err}); "
-                           "move it away to start again") from None
+    except ResultsError as err:             # names what is wrong with it; resuming adds the way out
+        raise ResultsError(f"{err}; to start the run again, move it away") from None
     if _resumable(current_names(existing.get("config", {}), warn=False)) != _resumable(json.loads(config.to_json())):
         raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
                            "run.name, or delete or move the old file")

@@ -214,3 +214,73 @@ def test_the_clients_kept_state_is_counted_in_bytes():
     worker = _worker({}, clients=2)                                        # two 2-element float32 states
     worker.clients[1].term_state = {"moon": {"prev": torch.zeros(3, dtype=torch.int64)}}
     assert worker.client_state_bytes() == 2 * 2 * 4 + 3 * 8
+
+
+class _Counting(_Scripted):
+    """A batched scripted algorithm: each update adds 1 to its client's state in place, then (the clients
+    in `trains`) trains the model and contributes its weights; `updates` counts the client_update calls."""
+    traits = type("Traits", (), {"batched": True})()
+
+    def __init__(self, trains):
+        super().__init__({})
+        self.trains, self.updates = trains, 0
+
+    def client_update(self, phase, round, client, received, model, trainer):
+        self.updates += 1
+        client.state["scripted"]["c"].add_(1.0)
+        if client.id not in self.trains:
+            return {}, {}
+        metrics = trainer.train(model, client, round)
+        return {"model": ({"w": model.weight.detach()[0].clone()}, 1.0)}, metrics
+
+
+class _GroupTrainer:
+    """Stands in for BatchedTrainer: 'trains' client k's model to weights all k + 10, once per request."""
+
+    def __init__(self):
+        self.calls = []
+
+    def train(self, requests):
+        from hpcfl.training.recording import key
+        self.calls.append([r.client.id for r in requests])
+        return {key(r.client, r.round, r.epochs, r.seed): ({"weight": torch.full((3, 2), r.client.id + 10.0)},
+                                                            {"train_loss": 0.5}, r.contexts, r.cfg)
+                for r in requests}
+
+
+def _batched_worker(trains):
+    worker = _worker({})
+    worker.algorithm, worker.batched = _Counting(trains), _GroupTrainer()
+    worker.trainer = type("Trainer", (), {"seed": 5, "cfg": None})()
+    return worker
+
+
+def test_batched_clients_train_in_one_group_and_an_in_place_state_change_happens_once():
+    """The recording pass runs every update up to its `train` call, each client's state put back after
+    it, so an update that changes its state in place (7 -> 8) changes it once, not once per pass (the
+    second pass finds every call trained and ends the recording); the group trains once and each update
+    goes on from its own client's trained model."""
+    worker = _batched_worker(trains={0, 1, 2})
+    rows = np.zeros((3, len(METRICS)))
+    sums = worker.run_phase(PHASE, 0, [0, 1, 2], {}, rows, METRICS)
+    assert worker.batched.calls == [[0, 1, 2]]
+    assert worker.algorithm.updates == 3 * 3      # recorded, run through on the trained models, then for real
+    np.testing.assert_array_equal(sums["model"], [10.0 + 11.0 + 12.0] * 2)
+    assert all(c.state["scripted"]["c"].tolist() == [8.0, 8.0] for c in worker.clients.values())
+    np.testing.assert_array_equal(rows[:, 0], [0.5] * 3)
+
+
+def test_a_phase_without_training_is_recorded_for_its_first_client_only():
+    """No `train` call in the first update: nothing to batch, the clients run one after another (the
+    recording pass stops at once: one update more than the clients), and each state changes once."""
+    worker = _batched_worker(trains=())
+    worker.run_phase(PHASE, 0, [0, 1, 2], {}, np.zeros((3, len(METRICS))), METRICS)
+    assert worker.batched.calls == [] and worker.algorithm.updates == 3 + 1
+    assert all(c.state["scripted"]["c"].tolist() == [8.0, 8.0] for c in worker.clients.values())
+
+
+def test_a_client_that_does_not_train_leaves_the_others_batched():
+    worker = _batched_worker(trains={0, 2})
+    sums = worker.run_phase(PHASE, 0, [0, 1, 2], {}, np.zeros((3, len(METRICS))), METRICS)
+    assert worker.batched.calls == [[0, 2]]
+    np.testing.assert_array_equal(sums["model"], [10.0 + 12.0] * 2)
