@@ -1,4 +1,5 @@
-"""Shared test helpers: tiny real-data job files, and a data cache of the session's own."""
+"""Shared test helpers: tiny real-data job files, a data cache of the session's own, and hpcfl's log."""
+import logging
 import os
 
 import pytest
@@ -11,6 +12,22 @@ torch.set_num_threads(1)
 def _data_cache(tmp_path_factory):
     """Tests never write the user's data cache (hpcfl.data.cache); subprocesses inherit the folder."""
     os.environ["HPCFL_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
+
+
+@pytest.fixture
+def hpcfl_log(caplog):
+    """caplog holding what hpcfl's loggers say at INFO and above, whether or not a run in this process
+    configured the "hpcfl" logger (hpcfl.logs.configure stops it propagating to the root, where caplog
+    listens)."""
+    logger = logging.getLogger("hpcfl")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 TINY_JOB = """
 [run]

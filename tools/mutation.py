@@ -105,6 +105,9 @@ MODULES = {
     "runtime/checkpoint": ["tests/runtime/test_checkpoint.py"],
     "runtime/resume": ["tests/runtime/test_checkpoint.py"],
     "runtime/report": ["tests/runtime/test_report.py"],
+    "runtime/server": ["tests/runtime/test_server.py"],
+    "runtime/lock": ["tests/runtime/test_lock.py"],
+    "jobs": ["tests/test_config.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

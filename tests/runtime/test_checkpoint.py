@@ -3,6 +3,8 @@ each rank writes, the manifest that seals them, pruning, what a damaged or forei
 where a run resumes, and when every rank checkpoints and stops."""
 import hashlib
 import json
+import re
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -44,7 +46,7 @@ def test_a_one_rank_checkpoint_holds_every_part_sealed_by_its_manifest(tmp_path)
     assert sorted(p.name for p in directory.iterdir()) == ["MANIFEST.json", "clients-rank0.pt", "server.pt",
                                                            "shared.pt"]                        # no .tmp left
     manifest = json.loads((directory / MANIFEST).read_text())
-    assert manifest == {"rounds_done": 5, "world_size": 1, "format": FORMAT,
+    assert manifest == {"rounds_done": 5, "world_size": 1, "format": 2,            # states by owner
                         "files": {name: hashlib.sha256((directory / name).read_bytes()).hexdigest()
                                   for name in ("server.pt", "shared.pt", "clients-rank0.pt")}}
     assert latest(tmp_path, None) == (5, directory)
@@ -86,6 +88,21 @@ def test_only_the_newest_keep_checkpoints_stay_and_a_rerun_round_replaces_its_ow
     save(tmp_path, 3, LocalTransport({}), {}, {"at": "again"}, {}, keep=2)
     assert sorted(d.name for d in tmp_path.iterdir()) == ["round-000002", "round-000003"]
     assert load(tmp_path / "round-000003", "shared.pt") == {"at": "again"}
+
+
+def test_an_old_checkpoint_that_cannot_be_removed_does_not_fail_the_new_one(tmp_path, monkeypatch):
+    import os
+    rmdir = os.rmdir
+
+    def refused(path, *args, **kwargs):
+        if "round-000001" in str(path):
+            raise PermissionError(path)
+        return rmdir(path, *args, **kwargs)
+
+    save(tmp_path, 1, LocalTransport({}), {}, {}, {}, keep=1)
+    monkeypatch.setattr(os, "rmdir", refused)
+    save(tmp_path, 2, LocalTransport({}), {}, {}, {}, keep=1)
+    assert latest(tmp_path, None) == (2, tmp_path / "round-000002")
 
 
 def test_a_damaged_newest_checkpoint_is_passed_over_with_a_warning(tmp_path):
@@ -148,9 +165,9 @@ def unlocked():
     release()
 
 
-def _result_file(config, **attrs):
+def _result_file(config, recorded=None, **attrs):
     from hpcfl.metrics import Recorder
-    recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json()), **attrs})
+    recorder = Recorder.create(config.result_path, {"config": recorded or json.loads(config.to_json()), **attrs})
     recorder.close()
 
 
@@ -170,6 +187,13 @@ def test_the_resume_point_is_nothing_a_checkpoint_or_a_refusal(tmp_path, unlocke
     assert resume_point(SimpleNamespace(config=changed)) == (True, 2, root / "round-000002")
     with pytest.raises(ResultsError, match="from a run with another configuration; choose another run.name"):
         resume_point(SimpleNamespace(config=_config(tmp_path, lr=0.1)))
+    config.result_path.unlink()
+    recorded = json.loads(config.to_json())
+    recorded["algorithm"]["regularizers"] = recorded["algorithm"].pop("terms")   # as hpcfl 0.1 named them
+    _result_file(config, recorded)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                         # the file's old name: no warning
+        assert resume_point(job) == (True, 2, root / "round-000002")
     config.result_path.unlink()
     _result_file(config, status="completed")
     with pytest.raises(RunCompleted, match="is already complete; nothing to do"):
@@ -208,6 +232,26 @@ def test_every_rank_decides_alike_when_to_checkpoint_and_when_to_stop(tmp_path):
         STOP.clear()
     job.config = _config(tmp_path, checkpoint_every=0)
     assert [control(job, r)[0] for r in range(4)] == [False] * 4
+    job.config = _config(tmp_path, checkpoint_every=1)
+    assert [control(job, r)[0] for r in range(4)] == [True, True, True, False]
+
+
+def test_a_worker_rank_follows_the_servers_decision():
+    from hpcfl.runtime.resume import STOP, control
+    sent = {}
+
+    def reduce_sum(name, array):
+        sent[name] = array.tolist()
+        return array
+
+    STOP.set()
+    try:
+        worker = SimpleNamespace(rank=1, is_server=False, reduce_sum=reduce_sum,
+                                 broadcast=lambda name, decision: None if decision is not None else [1, 0, 1])
+        job = SimpleNamespace(transport=worker, config=SimpleNamespace(run=None))   # a worker reads none of it
+        assert control(job, 0) == (True, False, True) and sent == {"control": [1.0]}
+    finally:
+        STOP.clear()
 
 
 class _Keeps:
@@ -223,7 +267,7 @@ def _restorable(transport, hosted=(0, 1)):
                            start_round=0)
 
 
-def test_restore_gives_every_part_back_and_the_same_topology_its_generator(tmp_path):
+def test_restore_gives_every_part_back_and_the_same_topology_its_generator(tmp_path, hpcfl_log):
     torch.manual_seed(1)
     rng = torch.get_rng_state()
     save(tmp_path, 3, LocalTransport({}), {"model": {"w": torch.ones(2)}}, {"widths": [5]},
@@ -232,6 +276,7 @@ def test_restore_gives_every_part_back_and_the_same_topology_its_generator(tmp_p
     torch.manual_seed(2)
     job = _restorable(LocalTransport({}))
     restore(job, tmp_path / "round-000003", 3)
+    assert hpcfl_log.messages == [f"resuming after round 3 from {tmp_path / 'round-000003'}"]
     assert job.start_round == 3 and job.carried == [{"widths": [5]}] and torch.equal(torch.get_rng_state(), rng)
     torch.testing.assert_close(job.server.state["model"]["w"], torch.ones(2))
     assert {c: k.kept["algorithm"]["scaffold"]["c"][0].item() for c, k in job.worker.clients.items()} == {0: 4, 1: 5}
@@ -254,3 +299,25 @@ def test_restore_refuses_a_checkpoint_without_its_clients_or_in_another_format(t
     with pytest.raises(ResultsError, match=f"in format 1, as earlier hpcfl did .* reads format {FORMAT}: resume it "
                                            "with the hpcfl that wrote it"):
         restore(_restorable(LocalTransport({})), directory, 1)
+
+
+def test_every_rank_writes_its_part_of_a_checkpoint_of_the_job(tmp_path, hpcfl_log):
+    from hpcfl.runtime.resume import write_checkpoint
+    client = SimpleNamespace(kept=lambda: _client(3))
+    job = SimpleNamespace(config=_config(tmp_path, checkpoint_keep=2), transport=LocalTransport({}),
+                          server=SimpleNamespace(state={"model": {"w": torch.ones(1)}}),
+                          worker=SimpleNamespace(clients={4: client}),
+                          algorithm=SimpleNamespace(carried_state=lambda: {"widths": [2]}))
+    write_checkpoint(job, 2)
+    directory = checkpoint_root(job.config.result_path) / "round-000002"
+    assert latest(directory.parent, None) == (2, directory)
+    assert load(directory, "shared.pt") == {"widths": [2]} and load(directory, "server.pt")["model"]["w"].item() == 1
+    assert load_clients(directory, {4})[0][4]["algorithm"]["scaffold"]["c"].tolist() == [3.0] * 3
+    assert re.fullmatch(r"checkpoint after round 2 written in \d+\.\d\d s", hpcfl_log.messages[0])
+    job.server, job.worker = None, None                              # a rank with neither writes an empty client file
+    save_board = []
+    job.transport = _Rank(1, 2, save_board)
+    write_checkpoint(job, 3)
+    assert save_board == [{"clients-rank1.pt": hashlib.sha256((directory.parent / "round-000003.partial" /
+                                                              "clients-rank1.pt").read_bytes()).hexdigest()}]
+    assert load(directory.parent / "round-000003.partial", "clients-rank1.pt")["clients"] == {}

@@ -1,7 +1,7 @@
 """Faults during training: a hung or killed rank ends the job within the round timeout naming the
 round and the rank; a NaN/Inf client update stops the run or is dropped, as configured, and is
-recorded; a result file has one writer at a time, and a refused second run names the first."""
-import json
+recorded; a refused second run on a result file names the first (the lock itself:
+tests/runtime/test_lock.py)."""
 import os
 import signal
 import socket
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from helpers import FAULT_LAUNCHER, MPIRUN, launch
 
-from hpcfl.errors import Exit, ResultsError
+from hpcfl.errors import Exit
 from hpcfl.launch import main
 from hpcfl.metrics import read_run
-from hpcfl.runtime.lock import claim, lock_path, release
+from hpcfl.runtime.lock import lock_path
 from hpcfl.testing import assert_same_metrics, run_metrics
 
 RESULT = "test/fedavg-dirichlet-seed0.h5"
@@ -91,70 +91,6 @@ def test_a_second_run_on_the_same_result_is_refused_naming_the_first(tiny_job, t
     assert first.wait(timeout=120) == 0                        # the refusal left the first run alone
     assert read_run(tmp_path / RESULT).attrs["status"] == "completed"
     assert not lock_path(tmp_path / RESULT).exists()
-
-
-def _write_lock(path, **owner):
-    lock_path(path).parent.mkdir(parents=True, exist_ok=True)
-    lock_path(path).write_text(json.dumps(owner))
-
-
-def test_a_lock_of_a_gone_run_is_taken_over_and_one_of_another_node_is_not(tmp_path, monkeypatch):
-    path = tmp_path / "study" / "run.h5"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    _write_lock(path, job="", host=socket.gethostname(), pid=int(dead.stdout))        # that process has exited
-    claim(path)
-    assert json.loads(lock_path(path).read_text())["pid"] == os.getpid()
-    release()
-    assert not lock_path(path).exists()
-
-    _write_lock(path, job="", host="node-17", pid=4242, since="2026-11-22 10:00:00")
-    with pytest.raises(ResultsError, match="host node-17, pid 4242, since 2026-11-22"):
-        claim(path)
-
-    _write_lock(path, job="977", restart="0", host="node-17", pid=4242)                # requeued SLURM job
-    monkeypatch.setenv("SLURM_JOB_ID", "977")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    claim(path)
-    assert json.loads(lock_path(path).read_text())["restart"] == "1"
-    release()
-
-
-def test_a_lock_from_another_host_is_stale_once_its_heartbeat_stops(tmp_path, monkeypatch, capsys):
-    """Rank 0 on another node killed by the launcher leaves its lock: untouched for STALE_S it is
-    taken over with a warning naming the owner; a lock its owner keeps touching is not."""
-    import hpcfl.runtime.lock as lock
-
-    path = tmp_path / "study" / "run.h5"
-    _write_lock(path, job="55", restart="0", host="node-3", pid=4242, since="2026-11-20 08:00:00")
-    os.utime(lock_path(path), (time.time() - lock.STALE_S + 30, time.time() - lock.STALE_S + 30))
-    with pytest.raises(ResultsError, match="host node-3, pid 4242.*refreshed 27[0-9] s ago"):
-        claim(path)                                    # recently refreshed: its owner may be alive
-    assert sorted(p.name for p in lock_path(path).parent.iterdir()) == ["run.h5.lock"]     # no temporary left
-    os.utime(lock_path(path), (time.time() - lock.STALE_S - 30, time.time() - lock.STALE_S - 30))
-    claim(path)
-    warning = capsys.readouterr().err
-    assert "taking over" in warning and "SLURM job 55, host node-3, pid 4242" in warning
-    assert json.loads(lock_path(path).read_text())["pid"] == os.getpid()
-    release()
-
-
-def test_the_owner_keeps_its_lock_fresh_until_it_releases_it(tmp_path, monkeypatch):
-    import hpcfl.runtime.lock as lock
-
-    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.05)
-    path = tmp_path / "run.h5"
-    claim(path)
-    old = time.time() - 1000
-    os.utime(lock_path(path), (old, old))
-    deadline = time.time() + 10
-    while lock_path(path).stat().st_mtime == old and time.time() < deadline:
-        time.sleep(0.02)
-    assert lock_path(path).stat().st_mtime > old + 900                # touched again by the heartbeat
-    release()
-    assert not lock_path(path).exists()
-    time.sleep(0.2)                                                    # the stopped heartbeat recreates nothing
-    assert not lock_path(path).exists()
-    assert not any(t.name == "hpcfl-lock-heartbeat" and t.is_alive() for t in lock.threading.enumerate())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])

@@ -1,6 +1,5 @@
 """A round's report on its own: the rows, blocks and rank figures that go up in one reduce and come
 apart again on the server, and the values `record` writes and logs from them, hand-computed."""
-import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -107,12 +106,11 @@ def _round_rows():
     return np.concatenate([rows.ravel(), ranks.ravel()])
 
 
-def test_a_round_records_the_cohorts_metrics_the_sample_weighted_loss_and_the_workers_imbalance(caplog):
+def test_a_round_records_the_cohorts_metrics_the_sample_weighted_loss_and_the_workers_imbalance(hpcfl_log):
     metrics = ("train_loss", "steps", "val_acc", "local_test_acc", "local_test_loss", "nonfinite")
     job = _job(size=3, client_metrics=metrics)
-    with caplog.at_level(logging.INFO, logger="hpcfl.runtime.report"):
-        record(job, 1, {0: 1, 2: 2, 3: 1}, _round_rows(), {"round/test_acc": 0.7, "round/test_loss": 0.9},
-               {"train": 1.25}, {"up": {"model": 400}, "down": {"model": 800}}, 3.5, "eta 1 min")
+    record(job, 1, {0: 1, 2: 2, 3: 1}, _round_rows(), {"round/test_acc": 0.7, "round/test_loss": 0.9},
+           {"train": 1.25}, {"up": {"model": 400}, "down": {"model": 800}}, 3.5, "eta 1 min")
     [(round, values)] = job.recorder.rounds
     assert round == 1
     expected = {"client/rank": [1, np.nan, 2, 1], "client/train_loss": [0.5, np.nan, 1.0, np.nan],
@@ -131,18 +129,17 @@ def test_a_round_records_the_cohorts_metrics_the_sample_weighted_loss_and_the_wo
         "round/test_acc": 0.7, "round/test_loss": 0.9, "round/bytes_up/model": 400.0,
         "round/bytes_down/model": 800.0, "round/phase_s/train": 1.25, "round/time_s": 3.5,
         "round/imbalance_s": 4.0 - 3.0})                       # the workers' (ranks 1, 2), not the server's
-    assert caplog.messages == ["round    2/3  test_acc 0.7000  test_loss 0.9000  personal_acc 0.6000  "
+    assert hpcfl_log.messages == ["round    2/3  test_acc 0.7000  test_loss 0.9000  personal_acc 0.6000  "
                                "val_acc 0.6000  train_loss 0.8750    3.50 s  eta 1 min"]
 
 
-def test_the_last_round_logs_the_state_the_workers_hold_and_a_global_model_has_no_client_val_acc(caplog):
+def test_the_last_round_logs_the_state_the_workers_hold_and_a_global_model_has_no_client_val_acc(hpcfl_log):
     job = _job(size=3, client_metrics=("train_loss", "val_acc"), global_model=True)
-    with caplog.at_level(logging.INFO, logger="hpcfl.runtime.report"):
-        record(job, 2, {0: 1, 2: 2, 3: 1}, _round_rows(), {}, {}, {}, 1.0)
+    record(job, 2, {0: 1, 2: 2, 3: 1}, _round_rows(), {}, {}, {}, 1.0)
     [(_, values)] = job.recorder.rounds
     assert "round/val_acc" not in values and "round/personal_acc_mean" not in values
     assert {"client/val_acc", "client/train_loss"} <= set(values) and "client/steps" not in values
-    assert caplog.messages == ["round    3/3  train_loss 0.8750    1.00 s",
+    assert hpcfl_log.messages == ["round    3/3  train_loss 0.8750    1.00 s",
                                "per-client state held on the workers' CPUs: rank 1 1.0 MiB"]
 
 
@@ -161,3 +158,20 @@ def test_one_rank_has_no_imbalance_and_a_cohort_of_dropped_clients_no_loss():
     assert np.isnan(values["round/train_loss"]) and values["round/imbalance_s"] == 0.0
     assert "round/val_acc" not in values                        # round 1 of eval.every = 2: not evaluated
     np.testing.assert_array_equal(np.unpackbits(values["example/local_test_correct"])[:4], [0, 1, 0, 1])
+
+
+def test_the_server_of_several_ranks_reports_its_own_figures_and_no_clients(monkeypatch):
+    monkeypatch.setattr(report, "peak_bytes", lambda: 99)
+    job = _job(size=2)
+    job.transport = SimpleNamespace(rank=0, size=2, reduce_sum=lambda name, array: array)
+    job.worker, job.server = None, SimpleNamespace(compute_s=0.75)
+    rows = np.zeros((4, len(CLIENT_METRICS)))
+    stats = Traffic(wait_s=2.0)
+    stats.sent.update(model=8)
+    _, _, ranks = split_report(job, gather_report(job, rows, {}, [], stats))
+    np.testing.assert_array_equal(ranks, [[0.75, 2.0, 8, 0, 0, 99], [0] * len(RANK_METRICS)])
+    flat = np.zeros(4 * len(CLIENT_METRICS) + 2 * len(RANK_METRICS))
+    flat[CLIENT_COLUMN["num_samples"]] = 10                                   # client 0 trained on 10 examples
+    flat[-2 * len(RANK_METRICS)] = 5.0                                       # the server's compute_s: not a worker's
+    record(job, 0, {0: 1}, flat, {}, {}, {}, 1.0)
+    assert job.recorder.rounds[0][1]["round/imbalance_s"] == 0.0           # one worker waits for no other
