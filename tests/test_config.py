@@ -206,3 +206,38 @@ def test_a_job_file_with_a_sweep_runs_only_as_one_of_its_points(tmp_path):
     with pytest.raises(ConfigError, match="defines a \\[sweep\\]: run one of its points with `hpcfl sweep"):
         read_job(path)
     assert read_job(path, allow_sweep=True).run.rounds == 3
+
+
+def test_the_whole_job_is_checked_once_resolved_and_its_tables_recorded_as_run(tmp_path):
+    """What only the whole job shows is refused (a [sweep] outside hpcfl sweep, an unknown architecture,
+    the algorithm's own rules, clients trained together where they cannot be, forgetting without a global
+    model); the resolved job is frozen, and records each parameter table as the run uses it: the model's
+    flat for one architecture, one table per architecture for several."""
+    from hpcfl.jobs import prepare
+
+    path = tmp_path / "job.toml"
+    path.write_text('[run]\nrounds = 3\n[sweep]\nseeds = [0, 1]\n')
+    for read in (load_job, prepare):
+        with pytest.raises(ConfigError, match=r"defines a \[sweep\]"):
+            read(path)
+    assert prepare(path, allow_sweep=True).config.run.rounds == 3
+    refusals = [({"model": {"architectures": ["fmnist_cnn", "nonet"]}, "algorithm": {"name": "fedproto"}},
+                 "model.architectures"),
+                ({"model": {"architectures": ["fmnist_cnn", "fmnist_cnn_wide"]}}, "algorithm 'fedavg' shares whole"),
+                ({"train": {"batched_clients": 4, "precision": "bf16"}}, "train.precision = 'bf16' trains"),
+                ({"algorithm": {"name": "fedproto"}, "eval": {"forgetting": True}, "data": {"local_test_ratio": 0.3}},
+                 "eval.forgetting compares local models with the global model, which algorithm 'fedproto'")]
+    for raw, needle in refusals:
+        with pytest.raises(ConfigError, match=needle):
+            job_from_dict(raw)
+    assert prepare({"eval": {"forgetting": True}}).config.eval.forgetting           # FedAvg has a global model
+    job = prepare({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.moving = False
+    assert job.tables["model"]["params"] == dataclasses.asdict(job.models["fmnist_cnn"])
+    assert job.tables["algorithm"] == {"params": {"init": "shared"}, "terms": {}}       # with its default
+    mixed = prepare({"algorithm": {"name": "fedproto"}, "data": {"local_test_ratio": 0.3},
+                     "model": {"architectures": ["fmnist_cnn", "fmnist_cnn_wide"]}})
+    assert mixed.tables["model"]["params"] == {name: dataclasses.asdict(options)
+                                               for name, options in mixed.models.items()}
+    assert list(mixed.tables["model"]["params"]) == ["fmnist_cnn", "fmnist_cnn_wide"]

@@ -108,6 +108,10 @@ MODULES = {
     "runtime/server": ["tests/runtime/test_server.py"],
     "runtime/lock": ["tests/runtime/test_lock.py"],
     "jobs": ["tests/test_config.py"],
+    "models/evaluation": ["tests/models/test_models.py"],
+    "models/__init__": ["tests/models/test_models.py", "tests/models/test_memory_format.py"],
+    "params": ["tests/models/test_models.py", "tests/test_config.py"],
+    "data/idx": ["tests/data/test_datasets.py", "tests/data/test_cache.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

@@ -62,10 +62,10 @@ def _gone(owner: dict, me: dict) -> bool:
     if owner.get("pid") == me["pid"]:
         return True                                     # this very process, from an earlier run in it
     try:
-        os.kill(int(owner.get("pid", -1)), 0)
+        os.kill(int(owner.get("pid")), 0)               # signal 0: is it alive?
     except ProcessLookupError:
         return True
-    except (PermissionError, ValueError, OverflowError):
+    except (PermissionError, TypeError, ValueError, OverflowError):     # another user's, or no pid: cannot tell
         return False
     return False
 

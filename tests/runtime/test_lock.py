@@ -77,3 +77,51 @@ def test_the_owner_keeps_its_lock_fresh_until_it_releases_it(tmp_path, monkeypat
     time.sleep(0.2)                                                    # the stopped heartbeat recreates nothing
     assert not lock_path(path).exists()
     assert not any(t.name == "hpcfl-lock-heartbeat" and t.is_alive() for t in lock.threading.enumerate())
+
+
+def test_a_claim_names_this_run_and_release_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "31")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    (tmp_path / "kept").mkdir()
+    made, existing = tmp_path / "new" / "study" / "run.h5", tmp_path / "kept" / "run.h5"
+    claim(made)
+    claim(existing)
+    assert {k: v for k, v in json.loads(lock_path(made).read_text()).items() if k != "since"} == \
+        {"job": "31", "restart": "2", "host": socket.gethostname(), "pid": os.getpid()}
+    lock_path(existing).unlink()                                  # removed under the run: release goes on
+    release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and not list((tmp_path / "kept").iterdir())
+
+
+def test_a_lock_this_process_left_is_taken_over_and_one_of_a_live_process_is_not(tmp_path):
+    path = tmp_path / "run.h5"
+    _write_lock(path, job="", host=socket.gethostname(), pid=os.getpid())          # an earlier run in this process
+    claim(path)
+    release()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for pid in (alive.pid, None, "abc", 2**70):               # alive, or no pid that can be asked about
+            _write_lock(path, job="", host=socket.gethostname(), pid=pid)
+            with pytest.raises(ResultsError, match="is being written by another run"):
+                claim(path)
+        assert alive.poll() is None                               # asked (signal 0), not signalled
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_an_unreadable_fresh_lock_refuses_naming_an_unknown_owner(tmp_path, text):
+    path = tmp_path / "run.h5"
+    lock_path(path).write_text(text)
+    with pytest.raises(ResultsError, match=r"\(host \?, pid \?, since \?; lock file"):
+        claim(path)
+
+
+def test_a_lock_is_stale_after_ten_missed_heartbeats_and_the_heartbeat_never_holds_the_process(tmp_path):
+    import hpcfl.runtime.lock as lock
+
+    assert lock.STALE_S == 10 * lock.HEARTBEAT_S
+    script = f"from hpcfl.runtime.lock import claim; claim(__import__('pathlib').Path({str(tmp_path / 'r.h5')!r}))"
+    ended = subprocess.run([sys.executable, "-c", script], timeout=20)              # exits without release()
+    assert ended.returncode == 0 and lock_path(tmp_path / "r.h5").exists()
