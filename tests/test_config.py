@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,11 @@ def test_overrides_use_toml_values_and_reach_any_key(tmp_path):
     ({"run": {"name": "../escape"}}, "run.name"),
     ({"train": {"betas": [0.9]}}, "train.betas"),
     ({"model": {"architectures": "resnet18"}}, "model.architectures"),            # a list, not a name
+    ({"algorithm": {"terms": {"prox": 3}}}, "[algorithm.terms.prox] must be a table of parameters, got 3"),
+    ({"algorithm": {"params": {"init": "bogus"}}}, "[algorithm.params]: init = 'bogus'; choose 'shared'"),
 ])
 def test_bad_config_names_the_key(raw, needle):
-    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
         job_from_dict(raw)
 
 

@@ -108,10 +108,11 @@ MODULES = {
     "runtime/server": ["tests/runtime/test_server.py"],
     "runtime/lock": ["tests/runtime/test_lock.py"],
     "jobs": ["tests/test_config.py"],
-    "models/evaluation": ["tests/models/test_models.py"],
-    "models/__init__": ["tests/models/test_models.py", "tests/models/test_memory_format.py"],
+    "models/evaluation": ["tests/models/test_evaluation.py"],
+    "models/__init__": ["tests/models/test_models.py", "tests/models/test_memory_format.py",
+                        "tests/models/test_evaluation.py"],
     "params": ["tests/models/test_models.py", "tests/test_config.py"],
-    "data/idx": ["tests/data/test_datasets.py", "tests/data/test_cache.py"],
+    "data/idx": ["tests/data/test_idx.py", "tests/data/test_datasets.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

@@ -281,6 +281,7 @@ def test_emnist_letters_shifts_labels_and_fixes_orientation(tmp_path, folder, co
     assert torch.equal(d.train_y, torch.arange(26)) and torch.equal(d.test_y, torch.arange(10))
     upright = img.transpose(0, 2, 1)                                      # the files hold each image transposed
     _assert_normalised(d, "emnist_letters", upright[:26, None], upright[26:, None], 26)
+    assert d.mean == pytest.approx((0.1722,), abs=1e-4) and d.std == pytest.approx((0.3309,), abs=1e-4)   # published
 
 
 def test_emnist_letters_label_zero_is_rejected(tmp_path):
