@@ -113,6 +113,9 @@ MODULES = {
                         "tests/models/test_evaluation.py"],
     "params": ["tests/models/test_models.py", "tests/test_config.py"],
     "data/idx": ["tests/data/test_idx.py", "tests/data/test_datasets.py"],
+    "data/client": ["tests/data/test_client.py"],
+    "logs": ["tests/test_logs.py"],
+    "metrics/feature_space": ["tests/metrics/test_feature_space.py"],
 }
 
 SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
