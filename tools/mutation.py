@@ -115,6 +115,11 @@ MODULES = {
     "data/idx": ["tests/data/test_idx.py", "tests/data/test_datasets.py"],
     "data/client": ["tests/data/test_client.py"],
     "logs": ["tests/test_logs.py"],
+    "data/cifar": ["tests/data/test_datasets.py"],
+    "data/folders": ["tests/data/test_datasets.py"],
+    "data/leaf": ["tests/data/test_datasets.py"],
+    "data/datasets": ["tests/data/test_datasets.py"],
+    "analysis/export": ["tests/analysis/test_export.py"],
     "metrics/feature_space": ["tests/metrics/test_feature_space.py"],
 }
 
