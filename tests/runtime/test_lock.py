@@ -98,7 +98,11 @@ def test_a_lock_this_process_left_is_taken_over_and_one_of_a_live_process_is_not
     _write_lock(path, job="", host=socket.gethostname(), pid=os.getpid())          # an earlier run in this process
     claim(path)
     release()
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    script = ("import signal, time\n"                           # any signal ends it, even under nohup
+              "for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_DFL)\n"
+              "print(flush=True)\ntime.sleep(60)")
+    alive = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    alive.stdout.readline()                                       # its handlers are set
     try:
         for pid in (alive.pid, None, "abc", 2**70):               # alive, or no pid that can be asked about
             _write_lock(path, job="", host=socket.gethostname(), pid=pid)
