@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from hpcfl.logs import LOG, configure, duration
+from hpcfl.logs import LEVELS, LOG, configure, duration
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
@@ -35,8 +35,8 @@ def _say(capsys):
 
 
 def test_rank_0_says_info_on_stdout_and_warnings_on_stderr_each_line_stamped(capsys):
-    configure(0)
-    configure(0)                                              # again: its handlers are replaced, not added
+    configure()                                               # rank 0 by default
+    configure()                                              # again: its handlers are replaced, not added
     out, err = _say(capsys)
     host = re.escape(socket.gethostname())
     assert re.fullmatch(f"{STAMP} rank 0 {host} INFO i\n", out), out
@@ -51,17 +51,23 @@ def test_other_ranks_say_only_warnings_unless_a_level_is_given(capsys):
     configure(2, level="DEBUG")
     out, err = _say(capsys)
     assert [line.split()[-2:] for line in out.splitlines()] == [["DEBUG", "d"], ["INFO", "i"]]
+    for level in LEVELS:                                      # what --log-level offers
+        configure(2, level=level)
+        said = "".join(_say(capsys))
+        assert [line.split()[-1] for line in said.splitlines()] == ["d", "i", "w", "e"][LEVELS.index(level):]
 
 
 def test_log_dir_holds_each_ranks_lines_named_by_run_and_slurm_job(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    configure(1, level="INFO", log_dir=tmp_path / "logs", run="fedavg-iid-seed0")
+    configure(1, level="INFO", log_dir=tmp_path / "logs" / "study", run="fedavg-iid-seed0")
     _say(capsys)
-    lines = (tmp_path / "logs" / "fedavg-iid-seed0-rank1.log").read_text().splitlines()
+    [file] = [h for h in LOG.handlers if isinstance(h, logging.FileHandler)]
+    lines = (tmp_path / "logs" / "study" / "fedavg-iid-seed0-rank1.log").read_text().splitlines()
     assert [line.split()[-2:] for line in lines] == [["INFO", "i"], ["WARNING", "w"], ["ERROR", "e"]]
     assert all(" rank 1 " in line for line in lines)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     configure(0, log_dir=tmp_path / "logs", run="r")
+    assert file.stream is None                                # the replaced file handler was closed
     _say(capsys)
     assert (tmp_path / "logs" / "r-4242-rank0.log").read_text().count("\n") == 3
 

@@ -35,3 +35,15 @@ def test_the_kept_state_leaves_out_empty_owners_and_is_taken_back_by_owner():
     kept["algorithm"]["scaffold"]["d"] = torch.zeros(1)          # the kept tables stay the caller's
     assert other.state == {"scaffold": {"c": c}} and other.term_state == {"moon": {"prev": prev}}
     assert other.state["scaffold"]["c"] is c                       # the tensors themselves are taken
+
+
+def test_a_new_client_has_no_architecture_held_out_sets_test_set_or_shared_set():
+    client = _client()
+    assert (client.architecture, client.eval_sets, client.test_set, client.shared) == ("", {}, None, None)
+    assert client.state == {} and client.term_state == {} and client.normalization is None
+
+
+def test_normalised_inputs_are_never_the_stored_tensor_even_when_it_is_float_already():
+    client = Client(0, torch.tensor([[1.0, 2.0]]), torch.tensor([0]), np.array([1]),
+                    normalization=(torch.tensor(2.0), torch.tensor(1.0)))
+    assert client.inputs().tolist() == [[1.0, 3.0]] and client.x.tolist() == [[1.0, 2.0]]

@@ -42,3 +42,20 @@ def test_a_diverged_model_scores_nan():
     broken[2, 0] = float("nan")
     quality = feature_quality(_Given(), broken, Y, num_classes=2, seed=0)
     assert all(math.isnan(v) for v in quality.values()) and set(quality) == {"feature_nmi", "feature_silhouette"}
+
+
+class _Counting(_Given):
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def features(self, x):
+        self.rows.append(len(x))
+        return super().features(x)
+
+
+def test_a_large_test_set_is_scored_on_2000_examples_in_batches_of_1000():
+    x = torch.cat([X + torch.tensor([0.0, k / 1000]) for k in range(625)])          # 2500 examples
+    model = _Counting()
+    feature_quality(model, x, Y.repeat(625), num_classes=2, seed=0)
+    assert model.rows == [1000, 1000]
