@@ -45,7 +45,8 @@ def test_export_writes_every_evaluated_round_and_a_crashed_runs_committed_ones(t
     with h5py.File(crashed, "r+") as file:                          # killed after its first round
         file.attrs["status"], file.attrs["committed_rounds"], file.attrs["run"] = "running", 1, "crashed"
     (tmp_path / "results" / "test" / "corrupt.h5").write_bytes(b"not HDF5")
-    assert main(["export", str(tmp_path / "results"), "--out", str(tmp_path / "tb")]) == 0
+    for _ in range(2):                                             # a second export replaces the first
+        assert main(["export", str(tmp_path / "results"), "--out", str(tmp_path / "tb")]) == 0
     out = capsys.readouterr()
     assert "2 run(s) written" in out.out and "corrupt.h5" in out.err
     recorded = read_run(done).arrays
@@ -54,7 +55,7 @@ def test_export_writes_every_evaluated_round_and_a_crashed_runs_committed_ones(t
     assert [e.step for e in accuracy] == [2, 3]                     # round 1 was not evaluated: left out
     assert np.allclose([e.value for e in accuracy], recorded["round/test_acc"][1:])
     assert [e.step for e in events.Scalars("round/train_loss")] == [1, 2, 3]
-    assert "config" in " ".join(events.Tags()["tensors"])
+    assert {"config/text_summary", "status/text_summary"} <= set(events.Tags()["tensors"])
     assert [e.step for e in _read(tmp_path / "tb" / "test" / "crashed").Scalars("round/train_loss")] == [1]
     assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "tb2")]) == 2
 
@@ -68,8 +69,9 @@ def test_mlflow_export_holds_every_figure_the_configuration_and_replaces_an_earl
     for _ in range(2):                                  # a second export replaces the first
         assert main(["export", str(done.parent), "--to", "mlflow", "--out", str(tmp_path / "ml")]) == 0
     client = MlflowClient(tracking_uri=(tmp_path / "ml").as_uri())
-    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("test").experiment_id])}
-    assert sorted(runs) == ["crashed", "fedavg-dirichlet-seed0"]
+    found = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    assert sorted(r.info.run_name for r in found) == ["crashed", "fedavg-dirichlet-seed0"]     # none twice
+    runs = {r.info.run_name: r for r in found}
     run = runs["fedavg-dirichlet-seed0"]
     recorded = read_run(done).arrays
     accuracy = client.get_metric_history(run.info.run_id, "round/test_acc")
@@ -126,7 +128,7 @@ def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(fi
         assert main(["export", str(done), str(crashed), "--to", "wandb", "--out", str(tmp_path / "wb")]) == 0
     runs = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
     assert len(runs) == 2
-    history, config = {}, {}
+    history, config, summary = {}, {}, {}
     for folder in runs:
         (log,) = folder.glob("run-*.wandb")
         records = _finished(log)                      # W&B may log a history record before the run record
@@ -135,6 +137,8 @@ def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(fi
         history[run.display_name] = [{i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                       for i in r.history.item}
                                      for r in records if r.WhichOneof("record_type") == "history"]
+        summary[run.display_name] = {i.key: json.loads(i.value_json) for r in records
+                                     if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
     recorded = read_run(done).arrays
     rounds = history["fedavg-dirichlet-seed0"]
     assert [r["_step"] for r in rounds] == [1, 2, 3]
@@ -143,6 +147,8 @@ def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(fi
     assert np.allclose([r["round/train_loss"] for r in rounds], recorded["round/train_loss"])
     assert config["fedavg-dirichlet-seed0"]["train"]["lr"] == read_run(done).attrs["config"]["train"]["lr"]
     assert [r["_step"] for r in history["crashed"]] == [1]
+    assert {k: summary["crashed"][k] for k in ("status", "committed_rounds")} == {"status": "running",
+                                                                                  "committed_rounds": 1}
 
 
 def test_an_export_whose_tracker_is_not_installed_names_the_package(finished_and_crashed, tmp_path, monkeypatch,
@@ -157,3 +163,46 @@ def test_an_export_whose_tracker_is_not_installed_names_the_package(finished_and
     monkeypatch.setattr(builtins, "__import__", without_wandb)
     assert main(["export", str(finished_and_crashed[0]), "--to", "wandb", "--out", str(tmp_path)]) == 2
     assert "pip install wandb (or, in hpcfl's checkout, pip install '.[wandb]')" in capsys.readouterr().err
+
+
+def test_mlflow_takes_a_long_configuration_in_batches_of_100_each_value_cut_to_its_limit(tmp_path, monkeypatch):
+    """250 parameters and 230 steps go up in batches MLflow accepts, every one once; a value longer than
+    MLflow's 6000 characters is cut; each figure is stamped with the export's time. The export allows
+    MLflow's file store itself."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from hpcfl.analysis.export import Replay, export, to_mlflow
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")                  # unset, and restored after the test
+    config = {"t": {f"k{i:03d}": i for i in range(249)}, "long": "x" * 7000}
+    replay = Replay("study", "run", config, "completed", 230, [("round/train_loss", s, s / 10) for s in range(1, 231)])
+    before = int(time.time() * 1000)
+    to_mlflow(replay, tmp_path / "ml")
+    client = MlflowClient(tracking_uri=(tmp_path / "ml").resolve().as_uri())
+    [run] = client.search_runs([client.get_experiment_by_name("study").experiment_id])
+    assert len(run.data.params) == 250 and run.data.params["long"] == "x" * 6000 and run.data.params["t.k248"] == "248"
+    history = client.get_metric_history(run.info.run_id, "round/train_loss")
+    assert sorted(m.step for m in history) == list(range(1, 231))
+    assert all(before <= m.timestamp <= time.time() * 1000 for m in history)
+    written, problems = export([], str(tmp_path / "new" / "folder"), to="mlflow")         # a folder it makes
+    assert (written, problems) == ([], []) and (tmp_path / "new" / "folder").is_dir()
+
+
+def test_only_a_runs_series_and_final_figures_are_replayed(tmp_path):
+    """Per-round scalars by round (1, 2, ...), final figures at the last committed round, finite values
+    only; a per-round array of several values per round is not a series and is left out."""
+    from hpcfl.analysis.export import Replay
+    from hpcfl.metrics import Recorder
+    recorder = Recorder.create(tmp_path / "r.h5", {"study": "s", "run": "r", "config": {"x": 1}})
+    for round, loss in enumerate((0.5, float("nan"), 0.25)):
+        recorder.append_round(round, {"round/train_loss": loss, "round/pair": np.array([1.0, 2.0]),
+                                      "client/train_loss": np.array([loss, loss])})
+    recorder.write_array("final/feature_nmi", np.float64(0.75))
+    recorder.close()
+    replay = Replay.of(tmp_path / "r.h5")
+    assert replay.scalars == [("final/feature_nmi", 3, 0.75), ("round/train_loss", 1, 0.5),
+                              ("round/train_loss", 3, 0.25)]
+    assert (replay.study, replay.name, replay.status, replay.rounds) == ("s", "r", "running", 3)
+    assert replay.config == {"x": 1}
+    assert replay.by_step() == {1: {"round/train_loss": 0.5}, 3: {"final/feature_nmi": 0.75, "round/train_loss": 0.25}}
