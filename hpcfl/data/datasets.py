@@ -89,7 +89,7 @@ def _load_digits(root: Path) -> Dataset:
 def _inputs_cheap(loader: Callable[[Path], Dataset]) -> Callable[[Path, bool], Dataset]:
     """A set whose training inputs cost little to make (bundled, generated or text): made anyway, and
     dropped when not wanted."""
-    def load(root: Path, train_images: bool = True) -> Dataset:
+    def load(root: Path, train_images: bool) -> Dataset:
         data = loader(root)
         return data if train_images else dataclasses.replace(data, train_x=data.train_x[:0])
     return load

@@ -18,6 +18,7 @@ from hpcfl.data.datasets import DATASETS, load_dataset
 from hpcfl.data.idx import read_idx
 from hpcfl.data.leaf import SHAKESPEARE_VOCAB, _read_leaf_split
 from hpcfl.errors import ConfigError, DataError
+from hpcfl.seeding import numpy_rng
 
 torch.set_num_threads(1)
 
@@ -187,6 +188,7 @@ def test_digits_shapes_and_stratified_split():
     assert d.input_shape == (1, 8, 8) and d.num_classes == 10
     assert len(d.train_x) + len(d.test_x) == 1797 and d.train_x.dtype == torch.float32
     assert abs(d.train_x.mean().item()) < 1e-3 and abs(d.train_x.std().item() - 1) < 1e-3
+    assert abs(d.test_x.mean().item()) < 0.1 and abs(d.test_x.std().item() - 1) < 0.1     # the same constants
     train_counts = torch.bincount(d.train_y, minlength=10).float()
     test_counts = torch.bincount(d.test_y, minlength=10).float()
     fraction = test_counts / (train_counts + test_counts)
@@ -502,8 +504,13 @@ def test_synthetic_is_deterministic_standardised_and_learnable_but_not_trivial()
     _assert_server_view("synthetic", DEBIAN_ROOT, d)
     assert d.input_shape == (1, 8, 8) and d.num_classes == 10 and d.groups is None
     assert len(d.train_x) == 60000 and len(d.test_x) == 10000 and d.train_x.dtype == torch.float32
-    assert abs(d.train_x.mean().item()) < 0.05 and abs(d.train_x.std().item() - 1) < 0.05
+    assert abs(d.train_x.mean().item()) < 0.05 and abs(d.train_x.std().item() - 1) < 0.01
     assert torch.all(torch.bincount(d.train_y, minlength=10) > 5000)
+    # the documented model: class means drawn first from numpy_rng(0, "synthetic"), N(0, 0.3) each, plus unit
+    # noise, all scaled by 1 / sqrt(1 + 0.3^2); 6000 examples a class put each centroid within ~0.013
+    means = numpy_rng(0, "synthetic").normal(0.0, 0.3, (10, 64)) / np.sqrt(1 + 0.3 ** 2)
+    centroids = torch.stack([d.train_x[d.train_y == c].flatten(1).mean(0) for c in range(10)]).numpy()
+    assert np.abs(centroids - means).max() < 0.07
     _assert_same(d, load_dataset("synthetic", DEBIAN_ROOT))
     centroids = torch.stack([d.train_x[d.train_y == c].flatten(1).mean(0) for c in range(10)])
     accuracy = (torch.cdist(d.test_x.flatten(1), centroids).argmin(1) == d.test_y).float().mean().item()
@@ -530,6 +537,13 @@ def test_every_file_backed_set_names_paths_and_fix_when_missing(tmp_path, name):
     msg = str(err.value)
     assert all(str(missing / f) in msg for f in folders), msg
     assert fix in msg and "HPCFL_DATA" in msg
+
+
+def test_a_loader_that_returns_no_dataset_is_refused_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "labdata.py").write_text("def load(root, train_images):\n    return {'x': []}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"data.dataset = 'labdata:load' returned dict, not an hpcfl.data.base.Data"):
+        load_dataset("labdata:load", tmp_path)
 
 
 def test_every_registered_set_has_a_test():
