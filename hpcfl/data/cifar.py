@@ -58,7 +58,7 @@ def _read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[n
 
 def _load_cifar(root: Path, name: str, title: str, folder: str, train_files: tuple[str, ...],
                 test_files: tuple[str, ...], label_key: bytes, num_classes: int, mean, std, tv_class: str,
-                train_images: bool = True) -> Dataset:
+                train_images: bool) -> Dataset:
     """CIFAR from torchvision's (= the official archive's) folder under `root` (the training images
     normalised only if `train_images`: each batch file holds both, so they are read anyway)."""
     base = root / folder

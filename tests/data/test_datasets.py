@@ -333,7 +333,8 @@ def test_cifar10_reads_python2_batches_in_order(tmp_path):
     assert d.train_y.tolist() == labels[:10].tolist() and d.test_y.tolist() == labels[10:].tolist()
     pixels = data.reshape(-1, 3, 32, 32)                                # rows are R plane, G plane, B plane
     _assert_normalised(d, "cifar10", pixels[:10], pixels[10:], 10)
-    assert d.mean[0] == pytest.approx(0.4914, abs=1e-4) and d.std[2] == pytest.approx(0.2616, abs=1e-4)
+    assert d.mean == pytest.approx((0.4914, 0.4822, 0.4465), abs=1e-4)                 # the published values
+    assert d.std == pytest.approx((0.2470, 0.2435, 0.2616), abs=1e-4)
 
 
 def _write_cifar100(base, train, test, protocol=4):
@@ -354,6 +355,8 @@ def test_cifar100_uses_fine_labels_from_python3_pickles(tmp_path, protocol):
     assert d.num_classes == 100 and torch.equal(d.train_y, torch.tensor(fine[:5]))
     pixels = data.reshape(-1, 3, 32, 32)
     _assert_normalised(d, "cifar100", pixels[:5], pixels[5:], 100)
+    assert d.mean == pytest.approx((0.5071, 0.4865, 0.4409), abs=1e-4)                 # the published values
+    assert d.std == pytest.approx((0.2673, 0.2564, 0.2762), abs=1e-4)
 
 
 class _Evil:
@@ -369,6 +372,24 @@ def test_cifar_pickle_naming_other_callables_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"refusing to load \w+\.getcwd") as err:
         load_dataset("cifar100", tmp_path)
     assert str(bad) in str(err.value)
+
+
+@pytest.mark.parametrize("batch", [
+    [1, 2],                                                                              # not a dict
+    {b"data": np.zeros((2, 3072), np.float32), b"fine_labels": [0, 1]},                  # not uint8
+    {b"data": np.zeros(3072, np.uint8), b"fine_labels": [0]},                            # not N x 3072
+    {b"data": np.zeros((2, 3071), np.uint8), b"fine_labels": [0, 1]},
+    {b"data": np.zeros((2, 3072), np.uint8), b"fine_labels": [0]},                       # a label short
+    {b"data": np.zeros((2, 3072), np.uint8), b"fine_labels": "01"},                      # labels not a list
+    {b"data": [[0] * 3072] * 2, b"fine_labels": [0, 1]},                                 # data not an array
+])
+def test_a_pickle_that_is_not_a_cifar_batch_is_refused_naming_it(tmp_path, batch):
+    data = np.zeros((2, 3072), dtype=np.uint8)
+    _write_cifar100(tmp_path / "cifar-100-python", (data, [0, 1]), (data, [0, 1]))
+    bad = tmp_path / "cifar-100-python" / "train"
+    bad.write_bytes(pickle.dumps(batch))
+    with pytest.raises(DataError, match=f"^{bad} is not a CIFAR batch .*b'fine_labels': N labels"):
+        load_dataset("cifar100", tmp_path)
 
 
 def test_cifar_labels_out_of_range_are_rejected(tmp_path):
