@@ -520,6 +520,25 @@ def test_shakespeare_bad_samples_name_the_file(tmp_path, x, y, match):
     assert str(tmp_path / "shakespeare" / "train" / "t.json") in str(err.value)
 
 
+@pytest.mark.parametrize("text", ["not json", '{"users": ["U"]}', '{"users": 3, "user_data": {}}'])
+def test_a_leaf_file_without_users_and_their_data_is_refused_naming_it(tmp_path, text):
+    _leaf_file(tmp_path / "shakespeare" / "test" / "t.json", {"U": (["a" * 80], ["b"])})
+    (tmp_path / "shakespeare" / "train").mkdir()
+    (tmp_path / "shakespeare" / "train" / "t.json").write_text(text)
+    with pytest.raises(DataError, match=f"^cannot read LEAF file {tmp_path / 'shakespeare' / 'train' / 't.json'}: "
+                                        ".*it must hold 'users' and 'user_data'"):
+        load_dataset("shakespeare", tmp_path)
+
+
+def test_shakespeare_is_read_from_the_first_folder_holding_both_splits_and_a_split_may_be_empty(tmp_path):
+    _leaf_file(tmp_path / "shakespeare" / "train" / "t.json", {"A": (["a" * 80], ["b"])})    # no test split here
+    _leaf_file(tmp_path / "shakespeare" / "data" / "train" / "t.json", {"B": (["c" * 80], ["d"])})
+    _leaf_file(tmp_path / "shakespeare" / "data" / "test" / "t.json", {})                     # no users
+    d = load_dataset("shakespeare", tmp_path)
+    assert d.train_y.tolist() == [SHAKESPEARE_VOCAB.index("d")] and d.groups.tolist() == [0]
+    assert d.test_x.shape == (0, 80) and d.test_y.shape == (0,)
+
+
 def test_synthetic_is_deterministic_standardised_and_learnable_but_not_trivial():
     d = load_dataset("synthetic", DEBIAN_ROOT / "unused")
     _assert_server_view("synthetic", DEBIAN_ROOT, d)
