@@ -42,7 +42,7 @@ def _image_folder(folder: Path) -> tuple[list[str], list[str], np.ndarray]:
     return tree.classes, [p for p, _ in tree.samples], np.array([c for _, c in tree.samples], dtype=np.int64)
 
 
-def load_cinic10(root: Path, train_images: bool = True) -> Dataset:
+def load_cinic10(root: Path, train_images: bool) -> Dataset:
     """CINIC-10 (32x32 RGB): train + valid (180,000 images) form the training set, as is usual (decoded
     only if `train_images`); test is the test set."""
     folders = [root / "cinic10", root / "CINIC-10"]
@@ -66,7 +66,7 @@ def load_cinic10(root: Path, train_images: bool = True) -> Dataset:
                          10, _CINIC10_MEAN, _CINIC10_STD)
 
 
-def load_tiny_imagenet(root: Path, train_images: bool = True) -> Dataset:
+def load_tiny_imagenet(root: Path, train_images: bool) -> Dataset:
     """Tiny-ImageNet (64x64 RGB, 200 classes): its labelled val split is the test set (test/ has no labels);
     the training images are decoded only if `train_images`.
 

@@ -425,6 +425,29 @@ def test_cinic10_train_and_valid_form_the_training_set(tmp_path):
     train = np.stack([pixels["train", c] for c in range(10)] + [pixels["valid", c] for c in range(10)])
     test = np.stack([pixels["test", c] for c in range(10)])
     _assert_normalised(d, "cinic10", train, test, 10)                   # PNG is lossless: exact pixels
+    assert d.mean == pytest.approx((0.4789, 0.4723, 0.4305), abs=1e-4)                 # CINIC-10's README
+    assert d.std == pytest.approx((0.2421, 0.2383, 0.2587), abs=1e-4)
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda f: (f / "a.png").write_bytes(b"not a png"), "cannot decode image .*a.png: .*replace it"),
+    (lambda f: Image.new("RGB", (31, 32)).save(f / "a.png"), "a.png is 31x32 pixels, not 32x32; replace it"),
+])
+def test_an_image_that_cannot_be_used_is_refused_naming_it(tmp_path, damage, needle):
+    for split in ("train", "valid", "test"):
+        for name in CINIC_CLASSES:
+            (tmp_path / "cinic10" / split / name).mkdir(parents=True)
+            Image.new("RGB", (32, 32)).save(tmp_path / "cinic10" / split / name / "ok.png")
+    damage(tmp_path / "cinic10" / "test" / "dog")
+    with pytest.raises(DataError, match=needle):
+        load_dataset("cinic10", tmp_path)
+
+
+def test_a_split_without_class_folders_is_refused_naming_it(tmp_path):
+    for split in ("train", "valid", "test"):
+        (tmp_path / "cinic10" / split).mkdir(parents=True)
+    with pytest.raises(DataError, match=f"{tmp_path / 'cinic10' / 'train'} is not a folder of class subfolders"):
+        load_dataset("cinic10", tmp_path)
 
 
 def test_cinic10_with_wrong_class_folders_is_rejected(tmp_path):
@@ -472,6 +495,17 @@ def test_tiny_imagenet_val_split_is_the_test_set(tmp_path):
     tolerance = 3 / 255 / min(d.std)                                     # JPEG shifts a flat colour by a step or two
     assert (d.train_x - _expected(train_px, d.mean, d.std)).abs().max() < tolerance
     assert (d.test_x - _expected(test_px, d.mean, d.std)).abs().max() < tolerance
+    assert d.mean == pytest.approx((0.4802, 0.4481, 0.3975)) and d.std == pytest.approx((0.2302, 0.2265, 0.2262))
+    annotations = base / "val" / "val_annotations.txt"
+    annotations.write_text(f"val_0.JPEG\t{val[0]}\n\nval_1.JPEG\t{val[1]}\n")          # two fields are enough
+    assert load_dataset("tiny_imagenet", tmp_path).test_y.tolist() == [order.index(w) for w in val[:2]]
+    for bad in ("val_1.JPEG", "val_1.JPEG\tn00000000"):                                  # no wnid, an unknown one
+        annotations.write_text(f"val_0.JPEG\t{val[0]}\n\n{bad}\n")
+        with pytest.raises(DataError, match=f"{annotations} line 3 is not '<file>\\\\t<wnid from wnids.txt>"):
+            load_dataset("tiny_imagenet", tmp_path)
+    (base / "wnids.txt").write_text("\n".join(wnids[:2]) + "\n")
+    with pytest.raises(DataError, match="has 3 class folders but .*wnids.txt lists 2 different wnids"):
+        load_dataset("tiny_imagenet", tmp_path)
 
 
 def _leaf_file(path, users: dict):
