@@ -133,6 +133,7 @@ def test_wandb_export_writes_an_offline_run_per_result_file_with_every_figure(fi
         (log,) = folder.glob("run-*.wandb")
         records = _finished(log)                      # W&B may log a history record before the run record
         run = [r.run for r in records if r.WhichOneof("record_type") == "run"][-1]
+        assert run.project == "test"                    # the run's study
         config[run.display_name] = {i.key: json.loads(i.value_json) for i in run.config.update}
         history[run.display_name] = [{i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                       for i in r.history.item}
