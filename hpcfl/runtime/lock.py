@@ -102,6 +102,10 @@ def claim(result_path: Path) -> None:
                                                 f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), "
                                                 "so it is gone")
         os.replace(temporary, path)                     # take over the stale lock in one step
+    earlier = _held.pop(path, None)
+    if earlier:                                         # claimed before by this process: one heartbeat, not two
+        earlier[1].set()
+        created = earlier[0]
     stop = threading.Event()
     threading.Thread(target=_beat, args=(path, stop), name="hpcfl-lock-heartbeat", daemon=True).start()
     _held[path] = created, stop

@@ -130,3 +130,19 @@ def test_a_lock_is_stale_after_ten_missed_heartbeats_and_the_heartbeat_never_hol
     script = f"from hpcfl.runtime.lock import claim; claim(__import__('pathlib').Path({str(tmp_path / 'r.h5')!r}))"
     ended = subprocess.run([sys.executable, "-c", script], timeout=20)              # exits without release()
     assert ended.returncode == 0 and lock_path(tmp_path / "r.h5").exists()
+
+
+def test_a_path_this_process_claims_again_keeps_one_heartbeat_and_its_folders(tmp_path):
+    import hpcfl.runtime.lock as lock
+
+    def beating():
+        return sum(t.name == "hpcfl-lock-heartbeat" and t.is_alive() for t in lock.threading.enumerate())
+
+    before, path = beating(), tmp_path / "new" / "run.h5"
+    claim(path)
+    claim(path)                                       # a second run in this process, on the same result file
+    time.sleep(0.1)
+    assert beating() == before + 1
+    release()
+    time.sleep(0.1)
+    assert beating() == before and not (tmp_path / "new").exists()     # the folder the first claim made
