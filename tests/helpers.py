@@ -1,4 +1,4 @@
-"""Helpers for tests that run the launcher as a user would."""
+"""Helpers for tests that run the launcher as a user would, and for data files in their real formats."""
 import contextlib
 import os
 import subprocess
@@ -54,3 +54,9 @@ def nan_inputs(client):
         yield
     finally:
         client.x, client.normalization = kept
+
+
+def idx_bytes(array) -> bytes:
+    """`array` (uint8) as an IDX file holds it: magic, dimension count, big-endian sizes, the bytes."""
+    import numpy as np
+    return b"\x00\x00\x08" + bytes([array.ndim]) + np.array(array.shape, dtype=">u4").tobytes() + array.tobytes()

@@ -11,11 +11,11 @@ import struct
 import numpy as np
 import pytest
 import torch
+from helpers import idx_bytes
 from PIL import Image
 
 from hpcfl.data.base import DEBIAN_ROOT, Dataset, resolve_data_root
 from hpcfl.data.datasets import DATASETS, load_dataset
-from hpcfl.data.idx import read_idx
 from hpcfl.data.leaf import SHAKESPEARE_VOCAB, _read_leaf_split
 from hpcfl.errors import ConfigError, DataError
 from hpcfl.seeding import numpy_rng
@@ -168,20 +168,6 @@ def test_truncated_file_names_the_file(tmp_path, compressed):
         load_dataset("fashion_mnist", tmp_path)
 
 
-def test_bad_magic_number_is_rejected(tmp_path):
-    path = tmp_path / "x-idx1-ubyte"
-    path.write_bytes(b"\x00\x00\x0d\x01\x00\x00\x00\x01\x00\x00\x00\x00")  # 0x0d: float32, not ubyte
-    with pytest.raises(DataError, match="magic"):
-        read_idx(path)
-
-
-def test_read_idx_round_trip(tmp_path):
-    data = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
-    path = tmp_path / "tiny-idx3-ubyte.gz"
-    path.write_bytes(gzip.compress(b"\x00\x00\x08\x03" + np.array([2, 3, 4], dtype=">u4").tobytes() + data.tobytes()))
-    assert np.array_equal(read_idx(path), data)
-
-
 def test_digits_shapes_and_stratified_split():
     d = load_dataset("digits", DEBIAN_ROOT)
     _assert_server_view("digits", DEBIAN_ROOT, d)
@@ -228,7 +214,7 @@ def _assert_server_view(name, root, whole: Dataset):
 
 def _write_idx(path, array: np.ndarray, compress=True):
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = b"\x00\x00\x08" + bytes([array.ndim]) + np.array(array.shape, dtype=">u4").tobytes() + array.tobytes()
+    raw = idx_bytes(array)
     path.write_bytes(gzip.compress(raw) if compress else raw)
 
 

@@ -2,9 +2,11 @@
 can be damaged gets its own message naming the file, and each way a set's four files can disagree is
 refused naming the pair."""
 import dataclasses
+import gzip
 
 import numpy as np
 import pytest
+from helpers import idx_bytes
 
 from hpcfl.data.idx import FASHION_MNIST, MNIST, load_idx_set, read_idx
 from hpcfl.errors import DataError
@@ -12,16 +14,12 @@ from hpcfl.errors import DataError
 MAGIC = b"\x00\x00\x08"
 
 
-def _idx(array: np.ndarray) -> bytes:
-    return MAGIC + bytes([array.ndim]) + np.array(array.shape, dtype=">u4").tobytes() + array.tobytes()
-
-
 @pytest.mark.parametrize("raw, needle", [
     (MAGIC, "is not an unsigned-byte IDX file (bad magic number)"),                   # 3 bytes: no dimension count
     (b"\x00\x00\x0d\x01\x00\x00\x00\x01\x00", "bad magic number"),                      # 0x0d: float32
     (MAGIC + b"\x02\x00\x00\x00\x05", "is truncated inside its header"),               # 2 dims, 1 given
     (MAGIC + b"\x00", "holds 0 data bytes but its header () needs 1"),                  # a scalar without its byte
-    (_idx(np.zeros((2, 3), np.uint8))[:-1], "holds 5 data bytes but its header (2, 3) needs 6"),
+    (idx_bytes(np.zeros((2, 3), np.uint8))[:-1], "holds 5 data bytes but its header (2, 3) needs 6"),
 ])
 def test_a_damaged_idx_file_is_refused_naming_it(tmp_path, raw, needle):
     path = tmp_path / "x-idx2-ubyte"
@@ -44,9 +42,16 @@ def test_an_unreadable_or_undecompressable_file_is_refused_with_its_cause(tmp_pa
 def test_the_smallest_idx_arrays_read_back(tmp_path):
     for array in (np.zeros(0, np.uint8), np.array(7, np.uint8), np.arange(24, dtype=np.uint8).reshape(2, 3, 4)):
         path = tmp_path / "a-idx-ubyte"
-        path.write_bytes(_idx(array))
+        path.write_bytes(idx_bytes(array))
         np.testing.assert_array_equal(read_idx(path), array)
         assert read_idx(path).shape == array.shape
+
+
+def test_a_gzipped_idx_file_reads_back(tmp_path):
+    data = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    path = tmp_path / "tiny-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(idx_bytes(data)))
+    assert np.array_equal(read_idx(path), data)
 
 
 def _pair(n):
@@ -60,8 +65,8 @@ def _write_set(root, train=None, test=None):
     folder = root / "mnist"
     folder.mkdir(parents=True, exist_ok=True)
     for prefix, (images, labels) in (("train", train), ("t10k", test)):
-        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(_idx(images))
-        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(_idx(labels))
+        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(idx_bytes(images))
+        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(idx_bytes(labels))
     return folder
 
 
