@@ -160,3 +160,29 @@ def test_the_setup_walk_counts_entries_climbs_and_re_entries_by_hand():
     assert {k: counts[k] for k in ("functions", "files", "entries", "climbs", "re-entries")} == {
         "functions": 7, "files": 3, "entries": 5, "climbs": 3, "re-entries": 2}
     assert counts["most re-entered"] == [("config.py", 1), ("jobs.py", 1)]
+
+
+def test_the_setup_walk_climbs_back_only_to_what_the_reader_read_and_glances_at_short_functions(tmp_path):
+    """A known function (read before) that calls back into the reader's file is no place to climb to;
+    a function of at most `glance` lines is taken in from its call, not read."""
+    spec = importlib.util.spec_from_file_location("setup_walk", REPOSITORY / "tools" / "setup_walk.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    (tmp_path / "hpcfl").mkdir()
+    (tmp_path / "hpcfl" / "b.py").write_text("def apply(f):\n    f()\n    return 1\n")
+    (tmp_path / "hpcfl" / "a.py").write_text(
+        "import b\n"
+        "def main():\n    b.apply(one)\n    b.apply(two)\n    tiny()\n    three()\n    stop()\n"
+        "def one():\n    return 1\n" "def two():\n    return 2\n" "def three():\n    return 3\n"
+        "def tiny(): return 0\n" "def stop(): return 0\n")
+    sys.path.insert(0, str(tmp_path / "hpcfl"))
+    try:
+        a = importlib.import_module("a")
+        steps = tool.trace(a.main, tmp_path, ("hpcfl/a.py", "stop"), glance=1)
+    finally:
+        sys.path.remove(str(tmp_path / "hpcfl"))
+        sys.modules.pop("a", None), sys.modules.pop("b", None)
+    assert steps == [("call", "hpcfl/a.py", "main"), ("call", "hpcfl/b.py", "apply"),
+                     ("call", "hpcfl/a.py", "one"), ("climb", "hpcfl/b.py", ""), ("climb", "hpcfl/a.py", ""),
+                     ("call", "hpcfl/a.py", "two"), ("call", "hpcfl/a.py", "three")]
+    assert tool.walk(steps)["re-entries"] == 1      # `one`, from b; `two` and `three` are read in a
