@@ -27,8 +27,9 @@ examples, and a verdict (better / worse / inconclusive; hpcfl.analysis.paired, h
 `--select-on METRIC [--select min|max]` (table, and compare's --stat selected) reads the metric at the
 round where METRIC is lowest or highest: a paper's own rule, e.g. FedClassAvg's authors' lowest mean
 client test loss, which selects on test data and is never the default.
-Unfinished runs count with their committed rounds and are listed; unreadable files are named on
-stderr, not fatal.
+`target`'s speed-up is each group's over the baseline group that shares its other keys.
+Unfinished runs are counted, enter no figure and are listed; unreadable files are named on stderr,
+not fatal.
 """
 import argparse
 import sys
@@ -52,6 +53,17 @@ NEEDS = {"table": (None, ()), "compare": (None, ()), "target": (None, ()), "curv
 COMMANDS = (*NEEDS, "partition", "export")      # every subcommand, in the order --help lists them
 
 
+def _positive(kind):
+    """An argparse type: a number of `kind` above 0."""
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text}: must be above 0")
+        return value
+    parse.__name__ = kind.__name__          # argparse names the type in its "invalid int value" message
+    return parse
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,7 +75,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         sub.add_argument("--metric", default="round/test_acc")
         sub.add_argument("--format", choices=["md", "csv", "latex"], default="md")
         if name in ("table", "compare"):
-            sub.add_argument("--last", type=int, default=10, help="the last-k mean over this many evaluations")
+            sub.add_argument("--last", type=_positive(int), default=10,
+                             help="the last-k mean over this many evaluations")
             sub.add_argument("--select-on", default=None, metavar="METRIC",
                              help="the selected figure: the metric at the round where METRIC (a client/... one: its "
                              "cohort mean) is lowest or highest, e.g. client/local_test_loss for FedClassAvg's "
@@ -71,10 +84,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             sub.add_argument("--select", choices=["min", "max"], default=None,
                              help="with --select-on: the lowest or highest (default: min for a loss, else max)")
         if name in ("table", "compare", "target"):
-            sub.add_argument("--rounds", type=int, default=None, help="read every run's first R rounds only "
-                             "(equal rounds for runs of different lengths)")
-            sub.add_argument("--max-bytes", type=float, default=None, help="read every run's rounds up to this many "
-                             "bytes exchanged, both directions (equal communication)")
+            sub.add_argument("--rounds", type=_positive(int), default=None,
+                             help="read every run's first R rounds only (equal rounds for runs of different lengths)")
+            sub.add_argument("--max-bytes", type=_positive(float), default=None,
+                             help="read every run's rounds up to this many bytes exchanged, both directions (equal "
+                             "communication)")
         if name == "compare":
             sub.add_argument("--baseline", required=True,
                              help="KEY=VALUE of the reference arm, e.g. algorithm.name=fedavg")
@@ -127,18 +141,20 @@ def _export(args) -> int:
 def _partition(args) -> int:
     try:
         run = read_run(args.run, keys=["partition"])
-    except ResultsError as err:
+        if "partition" not in run.arrays:
+            raise ResultsError(f"{args.run} records no partition (the client x class counts)")
+        print(partition_heatmap(run.arrays["partition"], args.out, title=str(run.attrs.get("run", ""))))
+    except (ResultsError, ValueError, OSError) as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return 2
-    print(partition_heatmap(run.arrays["partition"], args.out, title=str(run.attrs.get("run", ""))))
     return 0
 
 
-def _results(args):
-    """The result files the command reads (only the metrics it needs), cut to --rounds / --max-bytes;
-    None, having said why, when none is readable."""
+def _results(args, select: tuple[str, str] | None):
+    """The result files the command reads (only the metrics it needs, and `select`'s), cut to --rounds /
+    --max-bytes; None, having said why, when none is readable."""
     names, prefixes = NEEDS[args.command]
-    max_bytes, select = getattr(args, "max_bytes", None), _selection(args)
+    max_bytes = getattr(args, "max_bytes", None)
     reads = (args.metric, SELECTION[0], *NOISE_NEEDS, *(select[:1] if select else ()))
     results = load(args.results, metrics=reads if names is None else names,
                    prefixes=(*prefixes, "round/bytes_") if max_bytes is not None else prefixes)
@@ -158,7 +174,8 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
     args = _parser(prog).parse_args(argv)
     if args.command in ("export", "partition"):                 # file by file, no tables
         return _export(args) if args.command == "export" else _partition(args)
-    results = _results(args)
+    select = _selection(args)
+    results = _results(args, select)
     if results is None:
         return 2
     by = args.by or varying_keys(results.runs)
@@ -166,11 +183,10 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
     if missing:
         sys.stderr.write(f"hpcfl: error: --by {missing} are not config keys of these runs\n")
         return 2
-    select = _selection(args)
     if args.command == "curves":
         try:
             print(curves(results, by, args.out, args.metric, args.x))
-        except ValueError as err:
+        except (ValueError, OSError) as err:
             sys.stderr.write(f"hpcfl: error: {err}\n")
             return 2
         return 0

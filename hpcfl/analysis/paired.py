@@ -90,19 +90,19 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
     """Per group of `by` keys (default: every other key that varies) and arm, the paired effect of the
     arm over `baseline` ({key: value}, one key). Returns the table and the runs that found no partner.
     A pair in which either run did not complete (diverged, interrupted, running) gives no effect; when
-    there is such a pair, a column `unfinished` counts them beside n. For a metric with per-example
-    bits (hpcfl.analysis.noise.BITS) and a statistic other than rounds, a column `test_se` gives the
-    test set's standard error of the mean effect, which the interval includes, or `not recorded` where
-    a run of the pairs has no bits (files written before them): then the interval is the seeds' alone."""
+    there is such a pair, a column `unfinished` counts them beside n. With stat "rounds", a completed
+    pair in which a run never reached the target has no speed-up either: `not_reached` counts them
+    (the speed-up is over the pairs that both reached it, which flatters an arm that often fails).
+    For a metric with per-example bits (hpcfl.analysis.noise.BITS) and a statistic other than rounds,
+    a column `test_se` gives the test set's standard error of the mean effect, which the interval
+    includes, or `not recorded` where a run of the pairs has no bits (files written before them): then
+    the interval is the seeds' alone."""
     if len(baseline) != 1:
         raise ValueError(f"--baseline names one KEY=VALUE, got {baseline}")
     (key, reference), = baseline.items()
     runs = results.runs
     if key not in runs:
         raise ValueError(f"--baseline key {key!r} is not a config key of these runs")
-    if stat == "rounds" and metric.endswith("loss"):
-        raise ValueError(f"--stat rounds counts rounds until {metric} >= --target, which a falling loss never means; "
-                         "use an accuracy")
     runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].astype(str), "#done": completed(runs),
                           "#value": [statistic(results.series[p], stat, metric, last, target, select)
                                      for p in runs["path"]]})
@@ -139,9 +139,11 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
                 terms = found or ()
                 noise = {"test_se": "not recorded" if found is None else float(np.sqrt(sum(v for v, _ in found)))}
             mean, std, low, high = interval(effects[kept], terms)
-            spoilt = int((~(mine.loc[shared, "#done"].to_numpy() & base.loc[shared, "#done"].to_numpy())).sum())
+            both_done = mine.loc[shared, "#done"].to_numpy() & base.loc[shared, "#done"].to_numpy()
             rows.append({**dict(zip(groups, values, strict=True)), key: arm, "n": int(kept.sum()),
-                         **({"unfinished": spoilt} if unfinished else {}), "effect_mean": mean, "effect_std": std,
+                         **({"unfinished": int((~both_done).sum())} if unfinished else {}),
+                         **({"not_reached": int((both_done & ~kept).sum())} if stat == "rounds" else {}),
+                         "effect_mean": mean, "effect_std": std,
                          **noise, "ci95_low": low, "ci95_high": high,
                          "verdict": verdict(low, high, null, higher_is_better)})
         unpaired += [p for i, p in zip(base.index, base["path"], strict=True) if i not in partnered]

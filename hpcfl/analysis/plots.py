@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from hpcfl.analysis.results import Results, bytes_exchanged, shown
+from hpcfl.analysis.results import Results, bytes_exchanged, completed, shown
 from hpcfl.analysis.tables import round_means
 
 # what a recorded metric's name means, for an axis; any other key is shown as its own words
@@ -33,20 +33,34 @@ def group_label(key) -> str:
     return ", ".join(map(shown, key if isinstance(key, tuple) else (key,)))
 
 
+def save(fig: Figure, out: Path) -> Path:
+    """`fig` written to `out` in the format its suffix names, its folder made if need be; a ValueError
+    names a suffix matplotlib cannot write."""
+    out = Path(out)
+    if out.suffix[1:].lower() not in fig.canvas.get_supported_filetypes():
+        raise ValueError(f"{out}: matplotlib writes no figure as {out.suffix or 'a file without a suffix'!r}; "
+                         "name it .png, .svg or .pdf")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
+
+
 def curves(results: Results, by: list[str], out: Path, metric: str = "round/test_acc", x: str = "round") -> Path:
-    """`curve_figure` saved to `out` (its format from the suffix)."""
-    curve_figure(results, by, metric, x).savefig(out)
-    return Path(out)
+    """`curve_figure` saved to `out` (`save`)."""
+    return save(curve_figure(results, by, metric, x), out)
 
 
 def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc", x: str = "round") -> Figure:
-    """One line per group of `by` keys: the mean of `metric` over its runs against the round (1-based)
-    or the cumulative MB exchanged (x = "bytes"), with a band of ± one population std over the group's
-    runs; rounds without a value are skipped. Raises ValueError, naming what is missing, when there is
-    nothing to draw (no run recorded `metric`, or the bytes for x = "bytes")."""
+    """One line per group of `by` keys: the mean of `metric` over its completed runs (as in the tables:
+    one still running would cut its group's line short) against the round (1-based) or the cumulative
+    MB exchanged (x = "bytes"), with a band of ± one population std over the group's runs, to the
+    shortest run's length; rounds without a value are skipped. Raises ValueError, naming what is
+    missing, when there is nothing to draw (no completed run recorded `metric`, or the bytes for
+    x = "bytes")."""
     fig = Figure(figsize=(6, 4.4))
     ax = fig.add_subplot()
-    for key, group in results.runs.groupby(by, sort=True, dropna=False) if by else [("all", results.runs)]:
+    done = results.runs[completed(results.runs)]
+    for key, group in done.groupby(by, sort=True, dropna=False) if by else [("all", done)]:
         runs = [results.series[p] for p in group["path"] if metric in results.series[p]]
         if x == "bytes":
             runs = [r for r in runs if bytes_exchanged(r).size]
@@ -66,8 +80,9 @@ def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc"
         ax.fill_between(xs[shown], mean - std, mean + std, alpha=0.2)
     if not ax.lines:
         wanted = f"{metric} with the bytes exchanged (round/bytes_*)" if x == "bytes" else metric
-        raise ValueError(f"nothing to draw: none of the {len(results.runs)} runs recorded {wanted} in a round; "
-                         "--metric takes a round/... or client/... array of the result files")
+        raise ValueError(f"nothing to draw: none of the {len(done)} completed runs (of {len(results.runs)}) "
+                         f"recorded {wanted} in a round; --metric takes a round/... or client/... array of the "
+                         "result files")
     ax.set_xlabel("MB exchanged (up and down, cumulative)" if x == "bytes" else "round")
     if x == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -79,9 +94,8 @@ def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc"
 
 
 def partition_heatmap(counts: np.ndarray, out: Path, title: str = "") -> Path:
-    """`heatmap_figure` saved to `out` (its format from the suffix)."""
-    heatmap_figure(counts, title).savefig(out)
-    return Path(out)
+    """`heatmap_figure` saved to `out` (`save`)."""
+    return save(heatmap_figure(counts, title), out)
 
 
 def heatmap_figure(counts: np.ndarray, title: str = "") -> Figure:

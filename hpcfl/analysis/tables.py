@@ -82,6 +82,9 @@ def statistic(series: dict[str, np.ndarray], stat: str, metric: str, last: int =
     if never); NaN where the metric, or the selection's, was not recorded."""
     if stat == "selected" and select is None:
         raise ValueError("the selected statistic needs the round's rule (--select-on METRIC [--select min|max])")
+    if stat == "rounds" and metric.endswith("loss"):
+        raise ValueError(f"rounds to a target count rounds until {metric} >= the target, which a falling loss "
+                         "never means; use an accuracy")
     if metric not in series:
         return np.nan
     if stat == "rounds":
@@ -106,15 +109,12 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     their truncated series enter no figure, and leaving them out silently would flatter."""
     stats = {"final": "final", f"last{last}": "last", "best_val": "best_val",
              **({"selected": "selected"} if select else {})}
-    runs = results.runs.assign(**{name: _per_run_stat(results, stat, metric, last=last, select=select)
-                                  for name, stat in stats.items()})
-    done = completed(runs)
-    runs.loc[~done, list(stats)] = np.nan
+    runs, unfinished = _finished_only(results.runs.assign(**{
+        name: _per_run_stat(results, stat, metric, last=last, select=select) for name, stat in stats.items()}),
+        list(stats))
     if not runs["best_val"].notna().any():
         del stats["best_val"]
     spread = lambda s: s.std(ddof=0)          # noqa: E731
-    runs["unfinished"] = (~done).astype(int)
-    unfinished = {} if done.all() else {"unfinished": ("unfinished", "sum")}
     table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
                                    **{f"{name}_{fn}": (name, agg) for name in stats
                                       for fn, agg in (("mean", "mean"), ("std", spread))})
@@ -124,18 +124,39 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     return table
 
 
+def _finished_only(runs: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, dict]:
+    """`runs` with their figures in `columns` blanked where a run did not complete (diverged,
+    interrupted, still running: a truncated series has no final figure, and one still running has not
+    yet reached a target), and, when there is such a run, the aggregation that counts them per group
+    (`unfinished`): leaving them out silently would flatter."""
+    done = completed(runs)
+    runs = runs.assign(unfinished=(~done).astype(int))
+    runs.loc[~done, columns] = np.nan
+    return runs, ({} if done.all() else {"unfinished": ("unfinished", "sum")})
+
+
 def rounds_to_target(results: Results, target: float, by: list[str], baseline: dict | None = None,
                      metric: str = "round/test_acc") -> pd.DataFrame:
-    """Per group: runs, how many reached `target`, their mean rounds to it, and the speed-up
-    (baseline's mean rounds / the group's) when `baseline` ({key: value}) names the reference group."""
-    runs = results.runs.assign(to_target=_per_run_stat(results, "rounds", metric, target=target))
-    table = _grouped(runs, by).agg(runs=("path", "size"), reached=("to_target", "count"),
+    """Per group: runs, how many of the completed ones reached `target`, their mean rounds to it, and
+    the speed-up when `baseline` ({key: value}, keys among `by`) names the reference: each group's is
+    over the baseline group that shares its other keys (fedprox at beta 0.1 over fedavg at beta 0.1)."""
+    runs, unfinished = _finished_only(
+        results.runs.assign(to_target=_per_run_stat(results, "rounds", metric, target=target)), ["to_target"])
+    table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished, reached=("to_target", "count"),
                                    rounds_mean=("to_target", "mean")).reset_index()
     if baseline:
+        outside = [k for k in baseline if k not in by]
+        if outside:
+            raise ValueError(f"--baseline key {outside[0]!r} is not a grouping key {by}: add it to --by (a key "
+                             "with one value in every run is not grouped by default)")
         chosen = np.logical_and.reduce([table[k].astype(str) == str(v) for k, v in baseline.items()])
         if not chosen.any():
             raise ValueError(f"no group matches the baseline {baseline}; groups: {table[by].to_dict('records')}")
-        table["speedup"] = float(table.loc[chosen, "rounds_mean"].iloc[0]) / table["rounds_mean"]
+        others = [k for k in by if k not in baseline]
+        reference = table.loc[chosen, [*others, "rounds_mean"]].rename(columns={"rounds_mean": "reference"})
+        matched = (table[others].merge(reference, on=others, how="left")["reference"] if others
+                   else reference["reference"].iloc[0])
+        table["speedup"] = np.asarray(matched, dtype=float) / table["rounds_mean"]
     return table
 
 
@@ -145,10 +166,11 @@ def _grouped(runs: pd.DataFrame, by: list[str]):
 
 def personalised(results: Results, by: list[str]) -> pd.DataFrame:
     """Per group: the final mean personalised accuracy over the cohort's clients and its std across
-    clients, each averaged over the group's runs."""
-    runs = results.runs.assign(**{name: _per_run_stat(results, "final", f"round/personal_acc_{stat}")
-                                  for name, stat in (("personal_mean", "mean"), ("std_across_clients", "std"))})
-    return _grouped(runs, by).agg(runs=("path", "size"), personal_mean=("personal_mean", "mean"),
+    clients, each averaged over the group's completed runs (`unfinished` counts the others)."""
+    stats = {name: _per_run_stat(results, "final", f"round/personal_acc_{stat}")
+             for name, stat in (("personal_mean", "mean"), ("std_across_clients", "std"))}
+    runs, unfinished = _finished_only(results.runs.assign(**stats), list(stats))
+    return _grouped(runs, by).agg(runs=("path", "size"), **unfinished, personal_mean=("personal_mean", "mean"),
                                   std_across_clients=("std_across_clients", "mean")).reset_index()
 
 

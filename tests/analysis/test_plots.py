@@ -106,3 +106,41 @@ def test_the_heat_map_shows_each_clients_samples_per_class_on_integer_ticks():
                                                                                     "samples")
     for ticks in (ax.get_xticks(), ax.get_yticks()):
         assert len(ticks) > 1 and all(float(t).is_integer() for t in ticks)
+
+
+def test_a_run_still_running_draws_no_line_and_cuts_no_group_short(tmp_path, capsys):
+    for seed in (0, 1):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.2, 0.4, 0.6])
+    _write(tmp_path, "fedavg", 0.1, 2, [0.9], status=None)               # one round in, still running
+    (ax,) = curve_figure(load([tmp_path]), ["algorithm.name"]).axes
+    assert [line.get_label() for line in ax.lines] == ["fedavg (2 runs)"]
+    np.testing.assert_allclose(ax.lines[0].get_xydata(), [[1, 0.2], [2, 0.4], [3, 0.6]])
+    running = tmp_path / "running"
+    running.mkdir()
+    _write(running, "fedavg", 0.1, 0, [0.9], status=None)
+    assert main(["curves", str(running), "--out", str(tmp_path / "c.png")]) == 2
+    assert "none of the 0 completed runs (of 1)" in capsys.readouterr().err
+
+
+def test_a_figure_goes_into_a_new_folder_and_a_suffix_matplotlib_cannot_write_is_an_error(tmp_path, capsys):
+    path = _write(tmp_path, "fedavg", 0.1, 0, [0.2, 0.5])
+    assert main(["partition", str(path), "--out", str(tmp_path / "figs" / "p.png")]) == 0
+    assert (tmp_path / "figs" / "p.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["curves", str(path), "--out", str(tmp_path / "more" / "c.svg")]) == 0
+    assert (tmp_path / "more" / "c.svg").exists()
+    for command, source in (("partition", path), ("curves", path)):
+        assert main([command, str(source), "--out", str(tmp_path / "p.jpeg2")]) == 2
+        assert "no figure as '.jpeg2'; name it .png, .svg or .pdf" in capsys.readouterr().err
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file")
+    assert main(["partition", str(path), "--out", str(blocked / "p.png")]) == 2
+    assert "hpcfl: error:" in capsys.readouterr().err
+
+
+def test_a_file_without_a_partition_is_named_in_the_error(tmp_path, capsys):
+    import h5py
+    path = _write(tmp_path, "fedavg", 0.1, 0, [0.2, 0.5])
+    with h5py.File(path, "a") as f:
+        del f["partition"]
+    assert main(["partition", str(path), "--out", str(tmp_path / "p.png")]) == 2
+    assert f"{path} records no partition" in capsys.readouterr().err

@@ -94,6 +94,27 @@ def test_rounds_to_target_and_speedup_over_a_baseline(folder):
         rounds_to_target(load([folder]), 0.5, ["algorithm.name"], baseline={"algorithm.name": "scaffold"})
 
 
+def test_each_groups_speedup_is_over_the_baseline_that_shares_its_other_keys(tmp_path):
+    for (algorithm, beta), curve in {("fedavg", 0.1): [0.1, 0.2, 0.3, 0.6], ("fedavg", 0.5): [0.1, 0.6, 0.6, 0.6],
+                                     ("fedprox", 0.1): [0.1, 0.6, 0.6, 0.6],
+                                     ("fedprox", 0.5): [0.6, 0.6, 0.6, 0.6]}.items():
+        _write(tmp_path, algorithm, beta, 0, curve)
+    _write(tmp_path, "fedprox", 0.1, 1, [0.9, 0.9], status=None)        # still running: no figure, counted
+    by = ["algorithm.name", "data.partition_params.beta"]
+    table = rounds_to_target(load([tmp_path]), 0.5, by, baseline={"algorithm.name": "fedavg"})
+    rows = {(r["algorithm.name"], r["data.partition_params.beta"]): r for r in table.to_dict("records")}
+    assert {k: r["rounds_mean"] for k, r in rows.items()} == {("fedavg", 0.1): 4, ("fedavg", 0.5): 2,
+                                                              ("fedprox", 0.1): 2, ("fedprox", 0.5): 1}
+    assert {k: r["speedup"] for k, r in rows.items()} == {("fedavg", 0.1): 1, ("fedavg", 0.5): 1,   # 4/4, 2/2
+                                                          ("fedprox", 0.1): 2, ("fedprox", 0.5): 2}  # 4/2, 2/1
+    assert rows[("fedprox", 0.1)]["runs"] == 2 and rows[("fedprox", 0.1)]["reached"] == 1
+    assert rows[("fedprox", 0.1)]["unfinished"] == 1 and rows[("fedavg", 0.1)]["unfinished"] == 0
+    with pytest.raises(ValueError, match="'algorithm.name' is not a grouping key"):
+        rounds_to_target(load([tmp_path]), 0.5, by[1:], baseline={"algorithm.name": "fedavg"})
+    with pytest.raises(ValueError, match="falling loss"):
+        rounds_to_target(load([tmp_path], metrics=("round/train_loss",)), 0.5, by, metric="round/train_loss")
+
+
 def test_tidy_has_one_row_per_run_round_metric(folder):
     long = tidy(load([folder], metrics=("round/test_acc", "round/train_loss")))
     assert len(long) == 5 * 4 * 2
@@ -147,6 +168,12 @@ def test_personalised_accuracy_across_clients(folder, capsys):
     rows = {line.split(",")[0]: line.split(",") for line in capsys.readouterr().out.splitlines()[1:]}
     # fedprox: final personal means 0.8 and 1.0 -> 0.9; stds 0.01 and 0.02 across clients -> 0.015
     assert float(rows["fedprox"][2]) == pytest.approx(0.9) and float(rows["fedprox"][3]) == pytest.approx(0.015)
+    _write(folder, "fedprox", 0.1, 2, [0.1, 0.2], status=None)         # still running: counted, not averaged
+    assert main(["personal", str(folder), "--by", "algorithm.name", "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split(",")[0]: line.split(",") for line in lines[1:]}
+    assert lines[0] == "algorithm.name,runs,unfinished,personal_mean,std_across_clients"
+    assert rows["fedprox"][1:3] == ["3", "1"] and float(rows["fedprox"][3]) == pytest.approx(0.9)
 
 
 def test_forgetting_degree_per_class(folder):
@@ -244,20 +271,22 @@ def test_default_grouping_ignores_keys_that_cannot_change_results(tmp_path, caps
 def test_compare_speedup_to_a_target_and_the_renderings(tmp_path, capsys):
     for seed, (base, arm) in enumerate([([0.2, 0.4, 0.6, 0.8], [0.4, 0.8, 0.8, 0.8]),     # 4 vs 2 rounds: 2x
                                         ([0.2, 0.3, 0.8, 0.8], [0.8, 0.8, 0.8, 0.8]),     # 3 vs 1: 3x
-                                        ([0.8, 0.8, 0.8, 0.8], [0.2, 0.8, 0.8, 0.8])]):   # 1 vs 2: 0.5x
+                                        ([0.8, 0.8, 0.8, 0.8], [0.2, 0.8, 0.8, 0.8]),     # 1 vs 2: 0.5x
+                                        ([0.8, 0.8, 0.8, 0.8], [0.2, 0.2, 0.2, 0.2])]):   # 1 vs never
         _write(tmp_path, "fedavg", 0.1, seed, base)
         _write(tmp_path, "fedka", 0.1, seed, arm)
     table, _ = compare(load([tmp_path]), {"algorithm.name": "fedavg"}, stat="rounds", target=0.75)
     assert table.iloc[0]["effect_mean"] == pytest.approx(11 / 6) and table.iloc[0]["verdict"] == "inconclusive"
+    assert table.iloc[0]["n"] == 3 and table.iloc[0]["not_reached"] == 1      # over the pairs that both reached it
     args = ["compare", str(tmp_path), "--baseline", "algorithm.name=fedavg", "--stat", "rounds", "--target", "0.75"]
     assert main(args + ["--format", "md"]) == 0
     md = capsys.readouterr().out.splitlines()
-    assert md[0] == "| algorithm.name | n | effect | ci95_low | ci95_high | verdict |"
-    assert md[2].startswith("| fedka | 3 | 1.8333 ± ")
+    assert md[0] == "| algorithm.name | n | not_reached | effect | ci95_low | ci95_high | verdict |"
+    assert md[2].startswith("| fedka | 3 | 1 | 1.8333 ± ")
     assert main(args + ["--format", "latex"]) == 0
-    assert r"algorithm.name & n & effect & ci95\_low" in capsys.readouterr().out
+    assert r"algorithm.name & n & not\_reached & effect & ci95\_low" in capsys.readouterr().out
     assert main(args + ["--format", "csv"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == ("algorithm.name,n,effect_mean,effect_std,"
+    assert capsys.readouterr().out.splitlines()[0] == ("algorithm.name,n,not_reached,effect_mean,effect_std,"
                                                        "ci95_low,ci95_high,verdict")
     assert main(["compare", str(tmp_path), "--baseline", "fedavg"]) == 2
     assert "not KEY=VALUE" in capsys.readouterr().err
@@ -448,3 +477,13 @@ def test_a_result_file_with_a_keys_old_name_reads_under_the_new_name_without_a_w
         warnings.simplefilter("error")
         runs = load([tmp_path]).runs
     assert runs.loc[0, "algorithm.terms.prox.mu"] == 0.1 and "algorithm.regularizers.prox.mu" not in runs
+
+
+@pytest.mark.parametrize("args", [["table", "--last", "0"], ["table", "--max-bytes", "0"],
+                                  ["compare", "--baseline", "algorithm.name=fedavg", "--last", "-2"],
+                                  ["target", "--target", "0.5", "--rounds", "-1"]])
+def test_counts_of_rounds_and_bytes_must_be_above_zero(folder, capsys, args):
+    """--last 0 would average every round (x[-0:]) and --rounds -1 drop each run's last one."""
+    with pytest.raises(SystemExit) as stop:
+        main([args[0], str(folder), *args[1:]])
+    assert stop.value.code == 2 and "must be above 0" in capsys.readouterr().err
