@@ -8,6 +8,7 @@ orderly end only rank 0 exits non-zero, since mpiexec reports the bitwise OR of 
 A run whose result file exists but is not complete resumes from its newest intact checkpoint.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -78,8 +79,9 @@ def make_transport():
 
 
 def _stop(sig, frame) -> None:
-    """A stop signal: checkpoint after the current round and exit 3, so that no finished round is lost.
-    Ctrl-C once more after that aborts at once (KeyboardInterrupt, as Python's own handler would)."""
+    """A stop signal: checkpoint after the current round (the first, if set-up is still running) and
+    exit 3, so that no finished round is lost. Ctrl-C once more after that aborts at once
+    (KeyboardInterrupt, as Python's own handler would)."""
     from hpcfl.runtime.resume import STOP
 
     again = STOP.is_set()
@@ -88,6 +90,21 @@ def _stop(sig, frame) -> None:
         if again:
             raise KeyboardInterrupt
         LOG.info("Ctrl-C: stopping at a checkpoint after this round (Ctrl-C again to abort at once)")
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """USR1, TERM and INT ask for a checkpoint (_stop) while set-up and the rounds run, and until the
+    result file is closed: a signal then must not kill the process with a code SLURM does not requeue."""
+    from hpcfl.runtime.resume import STOP
+
+    STOP.clear()
+    previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _abort(transport, err: BaseException) -> None:
@@ -150,11 +167,12 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.lock import release
     from hpcfl.runtime.loop import run
-    from hpcfl.runtime.resume import RunCompleted
+    from hpcfl.runtime.resume import STOP, RunCompleted
     from hpcfl.transport import LocalTransport
 
     resolved = prepare(job, overrides)
     configure(0, "WARNING" if quiet else None, run=resolved.config.run_name)
+    STOP.clear()                          # left set by an interrupted run in this process
     transport = LocalTransport({})
     try:
         try:
@@ -173,58 +191,58 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
 
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
-    from hpcfl.errors import TrainingFault
+    from hpcfl.errors import PeerTimeout, TrainingFault
     from hpcfl.jobs import prepare
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
-    from hpcfl.runtime.resume import STOP, RunCompleted
+    from hpcfl.runtime.resume import RunCompleted
 
     overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
     transport = None
-    try:
-        resolved = prepare(args.job, overrides, allow_sweep=allow_sweep)
-        if args.check:
-            print(json.dumps({**resolved.config.to_dict(), "resolved": resolved.tables}, sort_keys=True), flush=True)
+    with contextlib.ExitStack() as stopping:
+        try:
+            resolved = prepare(args.job, overrides, allow_sweep=allow_sweep)
+            if args.check:
+                print(json.dumps({**resolved.config.to_dict(), "resolved": resolved.tables}, sort_keys=True),
+                      flush=True)
+                return Exit.DONE
+            transport, local_rank = make_transport()
+            transport.timeout_s = resolved.config.run.round_timeout_s
+            configure(transport.rank, args.log_level, args.log_dir, resolved.config.run_name)
+            stopping.enter_context(_stop_signals())
+            job = setup(resolved, transport, args.data_root, local_rank)
+        except RunCompleted as done:          # raised on every rank alike, as SetupFailed: all close together
+            LOG.info(str(done))
+            _close(transport)
             return Exit.DONE
-        transport, local_rank = make_transport()
-        transport.timeout_s = resolved.config.run.round_timeout_s
-        configure(transport.rank, args.log_level, args.log_dir, resolved.config.run_name)
-        job = setup(resolved, transport, args.data_root, local_rank)
-    except RunCompleted as done:          # raised on every rank alike, as SetupFailed: all close together
-        LOG.info(str(done))
-        _close(transport)
-        return Exit.DONE
-    except BrokenPipeError as err:        # `hpcfl check JOB | head` closed stdout: hpcfl.cli ends quietly
-        if transport is not None:
+        except BrokenPipeError as err:        # `hpcfl check JOB | head` closed stdout: hpcfl.cli ends quietly
+            if transport is not None:
+                _abort(transport, err)
+            raise
+        except PeerTimeout as err:            # a rank is stuck in set-up: only an abort ends it
             _abort(transport, err)
-        raise
-    except HpcflError as err:
-        if transport is None or transport.is_server:
-            sys.stderr.write(f"hpcfl: error: {err}\n")
-        _close(transport)
-        return Exit.BAD_INPUT
-    except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
-        _abort(transport, err)
-    STOP.clear()
-    previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
-    status, code = "completed", Exit.DONE
-    try:
-        if not run(job):
-            status, code = "interrupted", Exit.RESUME
-    except TrainingFault as err:          # every rank stops after the same round: an orderly end
-        status, code = "failed", Exit.FAILED
-        if transport.is_server:
-            LOG.error(str(err))
-    except BaseException as err:          # noqa: BLE001 — any failure must end every rank
-        if job.recorder:
-            job.recorder.set_attr("status", "failed")
-            job.recorder.close()
-        _abort(transport, err)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    _finish(job, status)
-    transport.close()
+        except HpcflError as err:
+            if transport is None or transport.is_server:
+                sys.stderr.write(f"hpcfl: error: {err}\n")
+            _close(transport)
+            return Exit.BAD_INPUT
+        except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
+            _abort(transport, err)
+        status, code = "completed", Exit.DONE
+        try:
+            if not run(job):
+                status, code = "interrupted", Exit.RESUME
+        except TrainingFault as err:          # every rank stops after the same round: an orderly end
+            status, code = "failed", Exit.FAILED
+            if transport.is_server:
+                LOG.error(str(err))
+        except BaseException as err:          # noqa: BLE001 — any failure must end every rank
+            try:
+                _finish(job, "failed")
+            finally:                          # even if the file cannot be written (a full disk)
+                _abort(transport, err)
+        _finish(job, status)
+        transport.close()
     # mpiexec returns the bitwise OR of the ranks' codes: after an orderly end only the server's counts.
     return code if transport.is_server else Exit.DONE
 

@@ -4,7 +4,9 @@
 - "hang" / "die": MPI rank 2 stops itself (SIGSTOP: alive, never answers) / is killed (SIGKILL) in
   its first client update of round HPCFL_FAULT_ROUND (1-based);
 - "nan": client HPCFL_FAULT_CLIENT trains on NaN inputs in round HPCFL_FAULT_ROUND, on whichever
-  rank hosts it (the same fault on any number of ranks).
+  rank hosts it (the same fault on any number of ranks);
+- "hang-setup" / "term-setup": MPI rank 2 stops itself in set-up (SIGSTOP) / the process sends itself
+  SIGTERM in set-up (as SLURM's time limit may), as its worker is made.
 
 The fault goes into the algorithm's `client_update` as each worker is made, whatever the algorithm.
 """
@@ -35,6 +37,10 @@ def _faulty_update(update, phase, round, client, *args):
 
 def _faulty_worker(self, *args, **kwargs):
     """A worker whose algorithm's every client update goes through _faulty_update."""
+    if FAULT == "hang-setup" and ON_RANK_2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if FAULT == "term-setup":
+        os.kill(os.getpid(), signal.SIGTERM)
     _init(self, *args, **kwargs)
     update = self.algorithm.client_update
     self.algorithm.client_update = lambda *update_args: _faulty_update(update, *update_args)

@@ -223,3 +223,16 @@ def test_log_lines_carry_time_rank_and_host_and_each_round_its_elapsed_time_and_
         assert lines and all(f" rank {r} {host} " in line for line in lines)
     assert "INFO round    2/2" in (logs / "logged-rank0.log").read_text()
     assert f" rank 2 {host} WARNING run.device = 'auto' found no GPU" in default.stderr      # a worker's warning
+
+
+def test_the_library_entry_point_runs_every_round_after_a_run_in_the_process_was_stopped(tiny_job, tmp_path):
+    import hpcfl
+    from hpcfl.runtime.resume import STOP
+
+    STOP.set()                          # what a signal to an earlier run in this process (a notebook's) left
+    try:
+        path = hpcfl.run(tiny_job(rounds=2), [f"run.results_root='{tmp_path}'"], quiet=True)
+    finally:
+        STOP.clear()
+    run = read_run(path)
+    assert run.attrs["status"] == "completed" and run.rounds == 2

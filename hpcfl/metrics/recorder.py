@@ -85,8 +85,9 @@ class Recorder:
 
     @classmethod
     def reopen(cls, path: Path, rounds: int) -> Recorder:
-        """Open a run's file to continue it after `rounds` rounds: later rows are dropped (they will be
-        written again, identically, by the resumed run)."""
+        """Open a run's file to continue it after `rounds` rounds: later rows are dropped, and the
+        figures written after the last round (`final/`: a run can die after writing them, before it is
+        marked complete); the resumed run writes them again, identically."""
         file = h5py.File(path, "r+", locking=False)
         recorder = cls(file)
         committed = int(file.attrs["committed_rounds"])
@@ -101,6 +102,8 @@ class Recorder:
         file.visititems(collect)
         for dataset in recorder._series.values():
             dataset.resize(rounds, axis=0)
+        if "final" in file:
+            del file["final"]
         file.attrs.modify("committed_rounds", np.int64(rounds))
         file.flush()
         recorder._rounds = rounds

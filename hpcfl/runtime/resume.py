@@ -9,7 +9,6 @@
 """
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -30,7 +29,25 @@ class RunCompleted(HpcflError):
     """The run's result file is already complete: nothing to do (e.g. a re-submitted sweep)."""
 
 
-STOP = threading.Event()        # set by the launcher's USR1/TERM/INT handler: checkpoint after this round and stop
+class Flag:
+    """A stop request: set by the launcher's USR1/TERM/INT handler (checkpoint after this round and
+    stop), read by `control`. A plain attribute, not a threading.Event, whose lock a second signal
+    arriving inside the first one's handler would wait on forever."""
+
+    def __init__(self):
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+STOP = Flag()
 
 
 def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:

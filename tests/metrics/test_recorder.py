@@ -269,6 +269,18 @@ def test_reopen_drops_the_rows_after_the_checkpoint_and_continues_from_there(tmp
     Recorder.reopen(path, 3).close()            # a checkpoint after the last committed round: nothing to drop
 
 
+def test_reopen_drops_the_final_figures_a_run_wrote_before_it_died_so_the_resumed_run_writes_them_again(tmp_path):
+    path = tmp_path / "r.h5"
+    write_run(path)
+    with Recorder.reopen(path, 4) as recorder:
+        recorder.write_array("final/feature_nmi", np.float64(0.25))     # then killed before "completed"
+    with Recorder.reopen(path, 2) as recorder:
+        assert "final/feature_nmi" not in read_run(path).arrays and read_run(path).arrays["partition"].shape == (4, 3)
+        recorder.append_round(2, {"round/test_acc": 0.7})
+        recorder.write_array("final/feature_nmi", np.float64(0.5))
+    assert float(read_run(path).arrays["final/feature_nmi"]) == 0.5
+
+
 def test_each_append_leaves_the_file_exactly_at_its_committed_rounds(tmp_path):
     """No row past the committed ones, a fresh file commits 0, and each key's chunks hold about 64 KiB
     of rows, between 1 and 1024 rows."""

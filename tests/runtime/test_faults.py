@@ -43,6 +43,46 @@ def test_a_hung_or_killed_rank_ends_the_job_within_the_round_timeout(fault, tiny
     assert not lock_path(tmp_path / RESULT).exists() or fault == "die"
 
 
+def test_a_rank_stuck_in_set_up_ends_the_job_within_the_timeout_naming_it(tiny_job, tmp_path):
+    start = time.perf_counter()
+    result = launch(tiny_job(rounds=4), "--results-root", tmp_path, "--set", "run.round_timeout_s=5", ranks=3,
+                    timeout=120, launcher=FAULT_LAUNCHER, env={"HPCFL_FAULT": "hang-setup"})
+    assert result.returncode != 0 and time.perf_counter() - start < 60, result.stderr
+    assert "failed in set-up" in result.stderr and "set-up: rank 2 (" in result.stderr, result.stderr
+    time.sleep(1)
+    assert not _leftovers(tmp_path), _leftovers(tmp_path)
+
+
+def test_a_stop_signal_during_set_up_checkpoints_after_the_first_round(tiny_job, tmp_path):
+    """SLURM's SIGTERM may come before the first round: the run must still exit with the code that
+    requeues it (the default handler would end it with 143)."""
+    result = launch(tiny_job(rounds=4), "--results-root", tmp_path, launcher=FAULT_LAUNCHER,
+                    env={"HPCFL_FAULT": "term-setup"})
+    assert result.returncode == Exit.RESUME, result.stderr
+    run = read_run(tmp_path / RESULT)
+    assert run.attrs["status"] == "interrupted" and run.rounds == 1
+
+
+def test_a_failure_that_cannot_be_written_to_the_result_file_still_ends_the_job(tiny_job, tmp_path, monkeypatch,
+                                                                                capsys):
+    """A full disk: the failed round's error and then marking the file "failed" both raise; the run must
+    still end through the abort (which, under MPI, ends every rank) with the failure's code."""
+    from hpcfl.metrics import Recorder
+    from hpcfl.runtime import loop
+
+    def fail(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    set_attr = Recorder.set_attr
+    monkeypatch.setattr(loop, "record", fail)
+    monkeypatch.setattr(Recorder, "set_attr", lambda self, name, value: (
+        fail if value == "failed" else set_attr)(self, name, value))
+    with pytest.raises(SystemExit) as stop:
+        main([str(tiny_job(rounds=2)), "--results-root", str(tmp_path)])
+    assert stop.value.code == Exit.FAILED
+    assert "failed in round 1:" in capsys.readouterr().err
+
+
 def _nan_run(tiny_job, tmp_path, policy, ranks=0, algorithm="fedavg"):
     """Client 1 trains on NaN inputs in round 2 of 4; every client is sampled every round."""
     return launch(tiny_job(algorithm, rounds=4), "--results-root", tmp_path, "--set", "train.clients_per_round=6",

@@ -17,6 +17,9 @@ while :; do
     wait "$step" && status=0 || status=$?
     kill -0 "$step" 2>/dev/null || break        # still running: a trapped signal interrupted the wait
 done
+# A signal may have interrupted the last wait (status 128 + signal) as the step ended: bash keeps a
+# finished child's status, so ask for it once more.
+[ "$status" -gt 128 ] && { wait "$step"; status=$?; }
 for segment in $(find /dev/shm -maxdepth 1 -name 'mpich_shm_*' -user "$(id -u)" -newer "$started" 2>/dev/null); do
     grep -qsF "$segment" /proc/[0-9]*/maps || rm -f "$segment"
 done
