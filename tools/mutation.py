@@ -123,7 +123,7 @@ MODULES = {
     "metrics/feature_space": ["tests/metrics/test_feature_space.py"],
     "models/vision": ["tests/models/test_models.py"],
     "models/alexnet": ["tests/models/test_models.py"],
-    "runtime/memory": ["tests/runtime/test_report.py"],
+    "runtime/memory": ["tests/runtime/test_memory.py"],
     "runtime/provenance": ["tests/runtime/test_provenance.py"],
 }
 

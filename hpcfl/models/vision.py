@@ -69,12 +69,12 @@ class ResNetOptions:
 class ResNet(_Split):
     Options = ResNetOptions
 
-    def __init__(self, in_shape: tuple[int, ...], num_classes: int, depth: int = 18,
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, depth: int,
                  options: ResNetOptions = ResNetOptions()):
         super().__init__()
         channels, _, _ = image_shape(in_shape, f"resnet{depth}")
         from torchvision import models as tvm
-        constructors = {18: tvm.resnet18, 34: tvm.resnet34, 50: tvm.resnet50}
+        constructors = {18: tvm.resnet18, 50: tvm.resnet50}
         self.backbone = constructors[depth](weights=None)
         if options.stem == "cifar" or channels != 3:      # torchvision's own conv1 is the 3-channel ImageNet one
             kernel, stride, padding = (3, 1, 1) if options.stem == "cifar" else (7, 2, 3)

@@ -429,3 +429,58 @@ def test_fmnist_cnn_bn_has_batchnorm_and_trains():
     assert model.conv[1].num_batches_tracked == 50
     after = evaluate(model, data.test_x, data.test_y, 10, 1000)["acc"]
     assert after > 0.8 and after > before + 0.5, (before, after)
+
+
+def _pooled_sides(model, module_type, in_shape) -> list[int]:
+    """The side of every `module_type` module's output, in order, for one image of `in_shape`."""
+    sides = []
+    for module in model.modules():
+        if isinstance(module, module_type):
+            module.register_forward_hook(lambda m, i, out: sides.append(out.shape[-1]))
+    with torch.no_grad():
+        model.eval()(torch.randn(1, *in_shape))
+    return sides
+
+
+@pytest.mark.parametrize("in_shape, sides", [((3, 32, 32), [16, 8, 4]), ((1, 28, 28), [14, 7, 3])])
+def test_alexnet_pools_to_the_documented_sides(in_shape, sides):
+    assert _pooled_sides(build_model("alexnet_cifar", in_shape, 10), nn.MaxPool2d, in_shape) == sides
+
+
+def _stem(conv) -> tuple:
+    return conv.kernel_size, conv.stride, conv.padding, conv.bias is None
+
+
+def test_the_cifar_stems_are_3x3_stride_1_without_max_pool_and_every_net_ends_at_4x4():
+    """vision's docstring: a 32x32 image reaches layer4 / stage4 / inception5 at 4x4."""
+    last = {"resnet18": "layer4", "shufflenetv2": "stage4", "googlenet": "inception5b"}
+    stems = {"resnet18": lambda m: m.backbone.conv1, "shufflenetv2": lambda m: m.backbone.conv1[0],
+             "googlenet": lambda m: m.backbone.conv1.conv}
+    for name, block in last.items():
+        model = build_model(name, (3, 32, 32), 10)
+        assert _stem(stems[name](model)) == ((3, 3), (1, 1), (1, 1), True), name
+        assert isinstance(getattr(model.backbone, "maxpool" if name != "googlenet" else "maxpool1"), nn.Identity)
+        seen = []
+        getattr(model.backbone, block).register_forward_hook(lambda m, i, out: seen.append(out.shape[-2:]))
+        with torch.no_grad():
+            model.eval().features(torch.randn(1, 3, 32, 32))
+        assert seen == [(4, 4)], name
+
+
+def test_a_replaced_stem_is_initialised_as_torchvision_initialises_that_model_and_its_own_is_kept():
+    from torchvision import models as tvm
+
+    torch.manual_seed(0)
+    resnet = build_model("resnet18", (3, 32, 32), 10)          # kaiming normal, fan out: std sqrt(2 / (64 * 9))
+    assert resnet.backbone.conv1.weight.std().item() == pytest.approx((2 / 576) ** 0.5, rel=0.1)
+    torch.manual_seed(0)
+    googlenet = build_model("googlenet", (3, 32, 32), 10)      # truncated normal, mean 0, std 0.01, everywhere
+    for weight in (googlenet.backbone.conv1.conv.weight, googlenet.backbone.inception3a.branch1.conv.weight):
+        assert weight.std().item() == pytest.approx(0.01, rel=0.1) and abs(weight.mean().item()) < 0.002
+    torch.manual_seed(0)
+    imagenet = build_model("resnet18", (3, 32, 32), 10, ResNetOptions(stem="imagenet"))
+    torch.manual_seed(0)
+    assert torch.equal(imagenet.backbone.conv1.weight, tvm.resnet18(weights=None).conv1.weight)   # not replaced
+    assert isinstance(imagenet.backbone.maxpool, nn.MaxPool2d)
+    one_channel = build_model("resnet18", (1, 28, 28), 10, ResNetOptions(stem="imagenet"))
+    assert _stem(one_channel.backbone.conv1) == ((7, 7), (2, 2), (3, 3), True)
