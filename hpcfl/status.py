@@ -1,7 +1,8 @@
 """How each run stands, read from its result file: `hpcfl status RESULTS... [--sweep JOB]`.
 
 - complete: every round done;
-- running: a writer holds the file (its lock was refreshed in the last STALE_S seconds);
+- running: a writer holds the file (its lock was refreshed in the last STALE_S seconds, by the file
+  system's clock); a file it is writing that does not read back at that moment is running too;
 - interrupted: stopped at a checkpoint, or killed (a file marked running whose lock went stale):
   run the same command again to resume;
 - failed: a failure during training ended the run;
@@ -14,28 +15,26 @@ It exits 2 when any file is unreadable, so that a script checking a study stops 
 import argparse
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 from hpcfl.analysis.results import find_files
 from hpcfl.errors import Exit, HpcflError, exit_help
 from hpcfl.metrics import read_run
-from hpcfl.runtime.lock import STALE_S, lock_path
+from hpcfl.runtime.lock import writing
 
 
 def state(path: Path) -> tuple[str, str, str]:
     """(state, rounds as 'committed/planned', why it is unreadable) of one result file."""
     try:
         run = read_run(path)              # all of it, as `hpcfl analyze` reads it: one verdict for both
-    except HpcflError as err:
-        return "unreadable", "", str(err)
+    except HpcflError as err:             # a file its run is writing may be caught between two flushes
+        return ("running", "", f"not readable while it is written: {err}") if writing(path) else (
+            "unreadable", "", str(err))
     planned = run.attrs.get("config", {}).get("run", {}).get("rounds", "?")
     status = run.attrs.get("status", "running")
     if status == "running":
-        lock = lock_path(path)
-        live = lock.exists() and time.time() - lock.stat().st_mtime <= STALE_S
-        status = "running" if live else "interrupted"
+        status = "running" if writing(path) else "interrupted"
     return {"completed": "complete"}.get(status, status), f"{run.rounds}/{planned}", ""
 
 

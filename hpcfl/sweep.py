@@ -71,6 +71,11 @@ def _arms(sweep: dict, grid: dict) -> dict[str, dict]:
         raise ConfigError("sweep.arms must be tables of config keys, "
                           'e.g. [sweep.arms.FedAvg] "algorithm.name" = "fedavg"')
     for label, keys in arms.items():
+        tables = [key for key in keys if "." not in key]
+        if tables:
+            raise ConfigError(f"sweep.arms.{label} sets {tables[0]!r}, a whole table: an arm sets config keys, which "
+                              f"TOML reads as one key only quoted, e.g. \"algorithm.name\" = \"fedprox\" (unquoted, "
+                              "algorithm.name = ... would replace the job's whole [algorithm] table)")
         if label != _label(label) or "run.arm" in keys:
             raise ConfigError(f"sweep.arms.{label}: an arm's name is made of letters, digits and .+-_ and sets run.arm "
                               "itself")
@@ -101,7 +106,18 @@ def points(raw: dict) -> list[list[str]]:
         sets = {**keys, **({"run.arm": arm} if arm else {}), **dict(zip(grid, chosen, strict=True))}
         out.append([*(f"{k}={toml_value(v)}" for k, v in sets.items()), f"run.seed={seed}",
                     f"run.name={json.dumps(name)}"])
+    files = [tuple(o for o in point if o.startswith(("run.name=", "run.study=", "run.results_root=")))
+             for point in out]
+    twins = sorted({file for file in files if files.count(file) > 1})
+    if twins:
+        raise ConfigError(f"sweep points share a result file ({' '.join(twins[0])}): a seed or grid value is listed "
+                          "twice, or two values read alike in a run name; list each once")
     return out
+
+
+def swept_keys(todo: list[list[str]]) -> set[str]:
+    """The config keys the sweep sets on its points."""
+    return {override.split("=", 1)[0] for point in todo for override in point}
 
 
 def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
@@ -120,6 +136,7 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     args, launch_args = parser.parse_known_args(argv[:split])
     try:
         todo = points(read_job_file(args.job))
+        _check_run_options(args.job, launch_args, swept_keys(todo))
     except ConfigError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return Exit.BAD_INPUT
@@ -138,6 +155,23 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
 
     return launch([args.job, *(a for o in todo[int(index)] for a in ("--set", o)), *launch_args], allow_sweep=True,
                   prog=prog)
+
+
+def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> None:
+    """The run options every point gets, checked here and not in each array task after its wait in the
+    queue: options `hpcfl run` takes (sbatch's go after `--`), and no --set of a key the sweep sets on
+    its points (run.name or run.seed would send every point to one result file)."""
+    from hpcfl.launch import parser
+
+    try:
+        options = parser().parse_args([job, *launch_args])
+    except SystemExit:                    # argparse has said what it cannot take
+        raise ConfigError(f"{shlex.join(launch_args)}: not options of a run (hpcfl run --help); sbatch's go after "
+                          "`--`") from None
+    clash = sorted({o.split("=", 1)[0] for o in options.overrides} & swept)
+    if clash:
+        raise ConfigError(f"--set {clash[0]}: the sweep sets it on each point (a point's run.name, run.seed, its arm's "
+                          "and grid's keys); change it in the job's [sweep] table")
 
 
 def default_script() -> Path:

@@ -164,6 +164,10 @@ def test_status_names_an_unreadable_file_and_why(tmp_path, capsys):
     assert main(["status", str(tmp_path)]) == Exit.BAD_INPUT
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("unreadable") and "corrupt.h5" in line and "(" in line
+    lock_path(tmp_path / "corrupt.h5").write_text("{}")         # its run holds it: caught between two flushes
+    assert main(["status", str(tmp_path)]) == Exit.DONE
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("running") and "(not readable while it is written: " in line
 
 
 def test_a_damaged_result_file_gets_one_verdict_from_status_analyze_and_read_run(tmp_path, capsys):

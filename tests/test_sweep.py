@@ -99,7 +99,9 @@ def test_arms_set_their_keys_together_outermost_and_label_the_run(job):
     ({"FedAvg": {"data.partition_params.beta": 0.1}}, "which sweep.grid varies too"),
     ({"Fed Avg": {"algorithm.name": "fedavg"}}, "letters, digits"),
     ({"FedAvg": {"run.arm": "x"}}, "sets run.arm itself"),
-    ({"FedAvg": "fedavg"}, "tables of config keys")])
+    ({"FedAvg": "fedavg"}, "tables of config keys"),
+    ({"FedProx": {"algorithm": {"name": "fedprox"}}}, "sets 'algorithm', a whole table"),     # unquoted dotted key
+    ({"X": {"run": {"arm": "x"}}}, "sets 'run', a whole table")])
 def test_bad_arms_are_refused_by_name(job, arms, message):
     raw = read_job_file(job)
     raw["sweep"] = {"seeds": [0], "grid": {"data.partition_params.beta": [0.1]}, "arms": arms}
@@ -138,6 +140,32 @@ def test_a_value_toml_cannot_hold_is_refused():
 def test_a_malformed_sweep_table_is_refused_by_name(sweep, message):
     with pytest.raises(ConfigError, match=message):
         points({"sweep": sweep})
+
+
+@pytest.mark.parametrize("sweep", [{"seeds": [0, 0]}, {"grid": {"train.lr": [0.1, 0.1]}},
+                                   {"grid": {"data.partition": ["a b", "a_b"]}}])      # both label as a_b
+def test_points_that_would_share_a_result_file_are_refused(sweep):
+    with pytest.raises(ConfigError, match="sweep points share a result file"):
+        points({"sweep": sweep})
+
+
+def test_points_in_different_studies_may_share_a_name():
+    assert len(points({"sweep": {"grid": {"run.study": ["a b", "a_b"]}}})) == 2
+
+
+def test_run_options_are_checked_before_anything_runs_or_is_submitted(job, tmp_path, sbatch, capsys):
+    """A --set of a key the sweep sets would send every point to one file; a misplaced sbatch option
+    would fail in every array task after its wait in the queue."""
+    for args, message in ((["--set", "run.seed=3"], "--set run.seed: the sweep sets it on each point"),
+                          (["--set", 'run.name="x"'], "--set run.name: the sweep sets it"),
+                          (["--set", "algorithm.name='scaffold'"], "--set algorithm.name: the sweep sets it"),
+                          (["--ntasks=3"], "--ntasks=3: not options of a run (hpcfl run --help); sbatch's go after")):
+        for mode in (["--submit", "--script", str(job)], ["--index", "0"]):
+            assert main([str(job), *mode, *args]) == 2
+            assert message in capsys.readouterr().err
+    assert not sbatch.exists()
+    assert main([str(job), "--submit", "--script", str(job), "--set", "train.lr=0.05", "--", "--ntasks=3"]) == 0
+    assert sbatch.read_text().split()[-3:] == [str(job), "--set", "train.lr=0.05"]
 
 
 def test_without_seeds_a_sweep_runs_the_jobs_own_seed():

@@ -111,6 +111,25 @@ def claim(result_path: Path) -> None:
     _held[path] = created, stop
 
 
+def writing(result_path: Path) -> bool:
+    """Whether a run is writing `result_path`: its lock was refreshed within STALE_S, by the file
+    system's clock where a probe can be written next to it (else this machine's: a reader may not
+    write there)."""
+    path = lock_path(result_path)
+    probe = path.with_name(f"{path.name}.probe-{socket.gethostname()}-{os.getpid()}")
+    try:
+        try:
+            probe.write_text("")
+            silent = _silent_s(path, probe)
+        except PermissionError:
+            silent = time.time() - path.stat().st_mtime
+    except FileNotFoundError:                           # no lock (or it went as the run ended)
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    return silent <= STALE_S
+
+
 def release() -> None:
     """Remove the locks this process holds, and the folders claiming them created if they stayed
     empty (a run refused at set-up leaves nothing behind); the launcher calls it however a run ends."""

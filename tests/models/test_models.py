@@ -461,7 +461,7 @@ def test_the_cifar_stems_are_3x3_stride_1_without_max_pool_and_every_net_ends_at
         assert _stem(stems[name](model)) == ((3, 3), (1, 1), (1, 1), True), name
         assert isinstance(getattr(model.backbone, "maxpool" if name != "googlenet" else "maxpool1"), nn.Identity)
         seen = []
-        getattr(model.backbone, block).register_forward_hook(lambda m, i, out: seen.append(out.shape[-2:]))
+        getattr(model.backbone, block).register_forward_hook(lambda m, i, out, seen=seen: seen.append(out.shape[-2:]))
         with torch.no_grad():
             model.eval().features(torch.randn(1, 3, 32, 32))
         assert seen == [(4, 4)], name

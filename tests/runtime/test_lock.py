@@ -146,3 +146,29 @@ def test_a_path_this_process_claims_again_keeps_one_heartbeat_and_its_folders(tm
     release()
     time.sleep(0.1)
     assert beating() == before and not (tmp_path / "new").exists()     # the folder the first claim made
+
+
+def test_a_run_is_writing_while_its_lock_is_fresh_by_the_file_systems_clock(tmp_path, monkeypatch):
+    """hpcfl status reads it on a login node whose clock may differ from the file server's."""
+    from pathlib import Path
+
+    from hpcfl.runtime import lock
+
+    path = tmp_path / "run.h5"
+    assert not lock.writing(path)                                       # no lock
+    _write_lock(path, host="elsewhere", pid=1)
+    assert lock.writing(path)
+    refreshed = time.time() - lock.STALE_S - 30
+    os.utime(lock_path(path), (refreshed,) * 2)
+    monkeypatch.setattr(time, "time", lambda: refreshed + 10)          # this machine's clock, behind: fresh by it
+    assert not lock.writing(path)                                       # stale by the file system's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5.lock"]        # no probe left behind
+    write_text = Path.write_text
+
+    def read_only(self, *args):                                         # a folder the reader cannot write in
+        if ".probe-" in self.name:
+            raise PermissionError(13, "Permission denied", str(self))
+        return write_text(self, *args)
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    assert lock.writing(path)                                           # then this machine's clock is all there is
