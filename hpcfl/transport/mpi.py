@@ -216,16 +216,19 @@ class MpiTransport(Transport):
         out = deliver_in_memory({r: s for r, s in sources.items() if mine(s)}, items, mine)
         self._collective = name
         requests, peers, received, sending = [], [], {}, []
-        for receiver, source in sorted(sources.items()):          # tag = receiver: one message per delivery
+        # Both sides post in the receivers' order, and MPI matches messages of one tag between two ranks in
+        # the order they were posted: so the tag may repeat, and stays below the 32767 every MPI allows.
+        for receiver, source in sorted(sources.items()):
+            tag = receiver % _NOTE_TAG
             if mine(receiver) and not mine(source):
                 received[receiver] = np.empty(items[receiver].size, dtype=np.float64)
-                requests.append(self.comm.Irecv(received[receiver], source=self.client_rank[source], tag=receiver))
+                requests.append(self.comm.Irecv(received[receiver], source=self.client_rank[source], tag=tag))
                 peers.append(self.client_rank[source])
                 self._count(name, received=received[receiver].nbytes)
             elif mine(source) and not mine(receiver):
                 buf = np.ascontiguousarray(items[source], dtype=np.float64)
                 sending.append(buf)                              # alive until the sends complete
-                requests.append(self.comm.Isend(buf, dest=self.client_rank[receiver], tag=receiver))
+                requests.append(self.comm.Isend(buf, dest=self.client_rank[receiver], tag=tag))
                 peers.append(self.client_rank[receiver])
                 self._count(name, sent=buf.nbytes)
         if requests:

@@ -262,6 +262,22 @@ def test_exchange_many_to_one(make_transport):
         assert np.array_equal(out[r], buf), r
 
 
+def test_exchange_between_clients_whose_ids_pass_the_tags_every_mpi_allows(make_transport):
+    """Client ids 5 and 32005 give one tag: their messages between the same two ranks are matched by
+    the order both sides post them, so each still gets its own partner's (of another length)."""
+    comm = world()
+    first, last = workers(comm.size)[0], workers(comm.size)[-1]
+    client_rank = {5: first, 32005: first, 64005: last, 40000: last}
+    sources = {5: 64005, 64005: 5, 32005: 40000, 40000: 32005}
+    length = {5: 3, 64005: 3, 32005: 7, 40000: 7}
+    t = make_transport(client_rank)
+    mine = {c: client_buf(c, length[c], salt=4) for c in hosted(client_rank, comm.rank)}
+    out = t.exchange("classifier", sources, mine)
+    assert sorted(out) == sorted(mine)
+    for c in mine:
+        assert np.array_equal(out[c], client_buf(sources[c], length[c], salt=4)), c
+
+
 def test_share(make_transport):
     comm = world()
     t = make_transport(spread(comm.size))
