@@ -56,6 +56,8 @@ def main(argv=None, prog: str = "hpcfl status") -> int:
                         help="with --sweep: the overrides the sweep ran with")
     parser.add_argument("--results-root", default=None, help="with --sweep: the --results-root it ran with")
     args = parser.parse_args(argv)
+    if (args.overrides or args.results_root) and not args.sweep:
+        parser.error("--set and --results-root say where a sweep's points are: they need --sweep JOB")
     overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
     try:
         expected = sweep_files(args.sweep, overrides) if args.sweep else []

@@ -157,6 +157,9 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
     assert out[1].split() == ["missing", str(done.with_name("sweep-seed1.h5"))]
     assert out[-1] == "1 complete, 1 missing"
     assert main(["status", str(tmp_path / "nothing-here")]) == Exit.BAD_INPUT
+    with pytest.raises(SystemExit) as refused:                 # it would be ignored without a sweep
+        main(["status", str(tmp_path / "sw"), "--results-root", str(tmp_path / "sw")])
+    assert refused.value.code == Exit.BAD_INPUT and "need --sweep JOB" in capsys.readouterr().err
 
 
 def test_status_names_an_unreadable_file_and_why(tmp_path, capsys):
