@@ -164,7 +164,10 @@ def _results(args, select: tuple[str, str] | None):
         sys.stderr.write("hpcfl: error: no readable result files\n")
         return None
     for _, run in results.incomplete.iterrows():
-        sys.stderr.write(f"hpcfl: note: {run['path']} is {run['status']} ({run['rounds']} rounds committed)\n")
+        # a file says "running" whether its run is alive or was killed: only its lock (hpcfl status) tells
+        status = ("running, or was killed (`hpcfl status` tells which)" if run["status"] == "running"
+                  else run["status"])
+        sys.stderr.write(f"hpcfl: note: {run['path']} is {status}: {run['rounds']} rounds committed\n")
     if getattr(args, "rounds", None) is not None or max_bytes is not None:
         results = truncate(results, args.rounds, max_bytes)
     return results
