@@ -49,17 +49,23 @@ def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
     return parser
 
 
+def _launched() -> list[str]:
+    """The variables that say an MPI launcher started this process (or SLURM a step of several tasks)."""
+    found = [v for v in _LAUNCHER_VARS if v in os.environ]
+    return found or (["SLURM_STEP_NUM_TASKS"] if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1 else [])
+
+
 def make_transport():
     """LocalTransport in one process; MpiTransport when a launcher started several ranks."""
     from hpcfl.transport import LocalTransport
 
-    launched = [v for v in _LAUNCHER_VARS if v in os.environ]
-    if not launched and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) <= 1:
+    launched = _launched()
+    if not launched:
         return LocalTransport({}), 0                # one process: mpi4py is not even imported
     try:
         from mpi4py import MPI
     except ImportError as err:
-        started = f"{launched[0]} is set" if launched else "SLURM's step has several tasks"
+        started = f"{launched[0]} is set" if launched[0] in _LAUNCHER_VARS else "SLURM's step has several tasks"
         raise HpcflError(f"an MPI launcher started this process ({started}) but mpi4py cannot be imported ({err}), "
                          "so the ranks cannot talk. Fix: pip install \"hpcfl[mpi]\" (mpi4py and PyPI's MPICH), or "
                          "on a cluster build mpi4py against the site's MPI: pip install --no-binary=mpi4py mpi4py "
@@ -124,6 +130,23 @@ def _abort(transport, err: BaseException) -> None:
     if getattr(transport, "size", 1) > 1:
         transport.comm.Abort(1)
     sys.exit(Exit.FAILED)
+
+
+def _refuse(err: HpcflError):
+    """This rank could not read its job, before MPI started: its peers that could wait for it in set-up's
+    check (MPICH's mpiexec does not end a job whose rank exits before MPI_Init), so it starts MPI and
+    fails that check with them (hpcfl.runtime.build.refuse). (transport, the error to report)."""
+    from hpcfl.runtime.build import SetupFailed, refuse
+
+    try:
+        transport = make_transport()[0]
+    except HpcflError:
+        return None, err
+    try:
+        refuse(transport, err)
+    except SetupFailed as failed:         # always: this rank's own error is among the reports
+        err = failed
+    return transport, err
 
 
 def _close(transport) -> None:
@@ -222,12 +245,14 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         except PeerTimeout as err:            # a rank is stuck in set-up: only an abort ends it
             _abort(transport, err)
         except HpcflError as err:
+            if transport is None and _launched():   # the job could not be read here: ranks that could wait for us
+                transport, err = _refuse(err)
             if transport is None or transport.is_server:
                 sys.stderr.write(f"hpcfl: error: {err}\n")
             _close(transport)
             return Exit.BAD_INPUT
         except BaseException as err:          # noqa: BLE001 — a bug in set-up must not leave peers waiting
-            _abort(transport, err)
+            _abort(transport if transport is not None or not _launched() else make_transport()[0], err)
         status, code = "completed", Exit.DONE
         try:
             if not run(job):

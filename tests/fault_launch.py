@@ -6,7 +6,8 @@
 - "nan": client HPCFL_FAULT_CLIENT trains on NaN inputs in round HPCFL_FAULT_ROUND, on whichever
   rank hosts it (the same fault on any number of ranks);
 - "hang-setup" / "term-setup": MPI rank 2 stops itself in set-up (SIGSTOP) / the process sends itself
-  SIGTERM in set-up (as SLURM's time limit may), as its worker is made.
+  SIGTERM in set-up (as SLURM's time limit may), as its worker is made;
+- "no-job-on-2": MPI rank 2 cannot read the job file (a node that does not see it).
 
 The fault goes into the algorithm's `client_update` as each worker is made, whatever the algorithm.
 """
@@ -47,4 +48,6 @@ def _faulty_worker(self, *args, **kwargs):
 
 
 Worker.__init__ = _faulty_worker
+if FAULT == "no-job-on-2" and ON_RANK_2:
+    sys.argv[1] += ".not-on-this-node"
 sys.exit(launch.main())

@@ -97,17 +97,35 @@ def setup(job: Resolved, transport: Transport, data_root: str | None, local_rank
     return built
 
 
-def _raise_failures(built: Job | None, job: Resolved, transport: Transport,
+def refuse(transport: Transport, err: HpcflError) -> None:
+    """A rank that could not read its job (hpcfl.jobs.prepare) takes its part in set-up's one
+    collective check (`setup`) with its error, so the ranks that could stop with it, all raising
+    SetupFailed, instead of waiting for it."""
+    info = {"rank": transport.rank, "host": socket.gethostname(), "error": f"{type(err).__name__}: {err}"}
+    _raise_failures(None, None, transport, transport.share(info))
+
+
+def _raise_failures(built: Job | None, job: Resolved | None, transport: Transport,
                     reports: list[dict]) -> None:
-    failed = [r["error"] if transport.size == 1
-              else f"rank {r['rank']} on {r['host']}: {r['error']}"
-              for r in reports if r["error"]]
+    alike = {}                            # one line per error, naming every rank that gave it
+    for report in reports:
+        if report["error"]:
+            alike.setdefault(report["error"], []).append(report)
+    failed = [error if transport.size == 1 else f"{_ranks(ranks)}: {error}" for error, ranks in alike.items()]
     if failed:
         if built and built.recorder:      # this rank was fine but another was not
             built.recorder.close()
             if not reports[0].get("resume_file"):    # leave no file we created; keep one we resumed
                 job.config.result_path.unlink(missing_ok=True)
         raise SetupFailed("\n".join(failed))
+
+
+def _ranks(reports: list[dict]) -> str:
+    """'rank 2 on node7', 'ranks 1, 2 on node7' or 'ranks 1 (node7), 2 (node8)'."""
+    hosts = {r["host"] for r in reports}
+    if len(hosts) == 1:
+        return f"rank{'s' * (len(reports) > 1)} {', '.join(str(r['rank']) for r in reports)} on {hosts.pop()}"
+    return "ranks " + ", ".join(f"{r['rank']} ({r['host']})" for r in reports)
 
 
 def _build(job: Resolved, transport: Transport, data_root, local_rank, info) -> Job:

@@ -53,6 +53,16 @@ def test_a_rank_stuck_in_set_up_ends_the_job_within_the_timeout_naming_it(tiny_j
     assert not _leftovers(tmp_path), _leftovers(tmp_path)
 
 
+def test_a_rank_that_cannot_read_the_job_fails_set_up_on_every_rank_naming_it(tiny_job, tmp_path):
+    """It stops before MPI starts, where MPICH's mpiexec would let the others wait for it forever."""
+    result = launch(tiny_job(rounds=4), "--results-root", tmp_path, ranks=3, timeout=120, launcher=FAULT_LAUNCHER,
+                    env={"HPCFL_FAULT": "no-job-on-2"})
+    assert result.returncode == Exit.BAD_INPUT, result.stderr
+    assert f"rank 2 on {socket.gethostname()}: ConfigError: " in result.stderr and ".not-on-this-node" in result.stderr
+    assert result.stderr.count("hpcfl: error:") == 1                   # rank 0 speaks for all
+    assert not (tmp_path / RESULT).exists() and not lock_path(tmp_path / RESULT).exists()
+
+
 def test_a_stop_signal_during_set_up_checkpoints_after_the_first_round(tiny_job, tmp_path):
     """SLURM's SIGTERM may come before the first round: the run must still exit with the code that
     requeues it (the default handler would end it with 143)."""

@@ -114,3 +114,21 @@ def test_set_up_takes_each_clients_rows_from_the_pixels(tmp_path, monkeypatch):
     for x, y in sets:                           # every row is a row of the whole set, with its label
         match = (x.flatten(1)[:, None] == whole_x.flatten(1)[None]).all(2)
         assert (match.sum(1) >= 1).all() and torch.equal(whole_y[match.float().argmax(1)], y)
+
+
+@pytest.mark.parametrize("hosts, named", [(("n1", "n1", "n1"), "ranks 0, 2 on n1: ConfigError: no such file"),
+                                          (("n1", "n2", "n3"), "ranks 0 (n1), 2 (n3): ConfigError: no such file")])
+def test_a_set_up_failure_names_every_rank_that_gave_it_in_one_line(hosts, named, monkeypatch):
+    """A job file no rank can read: one line for the error, not one per rank (sixteen for -np 16)."""
+    import socket
+    from types import SimpleNamespace
+
+    from hpcfl.runtime.build import refuse
+
+    monkeypatch.setattr(socket, "gethostname", lambda: hosts[0])
+    others = [{"rank": 1, "host": hosts[1], "error": "DataError: other"}, {"rank": 2, "host": hosts[2], "error": None}]
+    transport = SimpleNamespace(rank=0, size=3, share=lambda info: [info, *others])
+    others[1]["error"] = "ConfigError: no such file"
+    with pytest.raises(SetupFailed) as failed:
+        refuse(transport, ConfigError("no such file"))
+    assert str(failed.value).splitlines() == [named, f"rank 1 on {hosts[1]}: DataError: other"]
