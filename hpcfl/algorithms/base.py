@@ -101,6 +101,8 @@ class Traits:
     class that keeps them says so (`traits = Parent.traits.but(...)` or a new Traits)."""
     client_test: bool = False     # clients get the global test set as Client.test_set
     sgd_only: str = ""            # why the algorithm needs train.optimizer = "sgd", if it does
+    shared_batchnorm: str = ""    # why it needs model.batchnorm = "average" (clients starting from the received
+                                  # model, BatchNorm layers included), if it does
     anchor_phase: bool = True     # a feature-matching term wraps it in FedFM's anchor phase (anchored.py)
     global_model: bool = True     # False: no single global model (local-only, ensemble)
     heterogeneous: bool = False   # clients may have different architectures (model.architectures)
@@ -151,6 +153,10 @@ class Algorithm:
         """Rules on the whole job beyond the parameters' own types; raise ConfigError naming the fix."""
         if cls.traits.sgd_only and job.train.optimizer != "sgd":
             raise ConfigError(f"algorithm '{cls.name}' needs train.optimizer = \"sgd\": {cls.traits.sgd_only}")
+        if cls.traits.shared_batchnorm and job.model.batchnorm == "local":
+            raise ConfigError(f"algorithm '{cls.name}' needs model.batchnorm = \"average\": "
+                              f"{cls.traits.shared_batchnorm}, and a client with local BatchNorm layers (FedBN) "
+                              "starts from its own")
         if len(job.architectures) > 1 and not cls.traits.heterogeneous:
             raise ConfigError(f"algorithm '{cls.name}' shares whole models, so every client needs the same one: "
                               f"model.architectures = {list(job.architectures)} needs an algorithm for "
@@ -238,6 +244,8 @@ class Algorithm:
         `received` holds what the client got this round, received["model"] the model it started from;
         `epochs`: a part of the local epochs (FedCME trains a round in two)."""
         terms = [*self.terms, *extra]
+        if "model" in received and client.state.get("bn"):      # what it started from: its own BatchNorm layers
+            received = {**received, "model": {**received["model"], **client.state["bn"]}}
         for term in terms:
             term.start(model, client, round, received)
         metrics = trainer.train(model, client, round, terms, epochs)

@@ -5,7 +5,9 @@ term are local terms like any other), then updates its state g_k <- g_k - alpha 
 (g_k, the gradient of its loss at its last local optimum, starts at zero). The server keeps
 h <- h - (alpha / m) sum_{k in cohort} (w_k - w^{t-1}) with m the number of all clients, and sets
 w^t = (1/|cohort|) sum_k w_k - h / alpha. Averaging is uniform over the cohort, as in the paper;
-buffers (BatchNorm statistics) take the plain cohort mean.
+buffers (BatchNorm statistics) take the plain cohort mean. The authors' code instead scales alpha per
+client by its size (alpha_k = alpha / (n_k / mean n)) with the same uniform mean: with clients of
+unequal sizes the two differ, and this is the paper's.
 """
 from dataclasses import dataclass
 
@@ -19,7 +21,7 @@ from hpcfl.terms import Linear, Prox
 class FedDyn(FedAvg):
     """FedDyn (Acar et al., ICLR 2021, Alg. 1): linear and proximal local terms, per-client gradient state."""
     name = "feddyn"
-    traits = Traits(batched=True)
+    traits = Traits(batched=True, shared_batchnorm="its gradient state measures the change from the received model")
 
     @dataclass(frozen=True)
     class Params:

@@ -11,6 +11,10 @@ and mu is the proximal pull: here the `prox` term's, which must pull every param
 the same mu (scope "model", reduction "sum"). Our prox goes through the momentum buffer, the
 authors' is added after it, so with both momentum and mu a_i is approximate. SCAFFOLD normalises
 its control variates by the same a_i (`normalising_steps`, `prox_lr_mu`).
+tau_eff follows the paper (sum_i p_i a_i) also with a prox term, where the authors' code
+(`FedNova.average`) takes sum_i p_i tau_i, the raw step counts: with a prox term a_i < tau_i, so
+their server step is larger by sum p tau / sum p a (about 1.005 at lr mu = 1e-4 and tau = 100, 5x
+at lr mu = 0.05). A client that took no step (a_i = 0) sends d_i = 0.
 Buffers (BatchNorm statistics) take the sample-weighted mean.
 """
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
@@ -56,7 +60,8 @@ class FedNova(FedAvg):
     """FedNova (Wang et al., NeurIPS 2020, eq. 6-7): updates normalised by each client's step count a_i."""
     name = "fednova"
     traits = Traits(batched=True, stateless=True,
-                    sgd_only="its normalisation counts SGD steps (with momentum and prox)")
+                    sgd_only="its normalisation counts SGD steps (with momentum and prox)",
+                    shared_batchnorm="it normalises the change from the received model")
 
     @classmethod
     def check(cls, job):
@@ -74,8 +79,8 @@ class FedNova(FedAvg):
         self.start_from(model, client, start)
         metrics = self.train(model, client, round, trainer, downlink)
         a = normalising_steps(int(metrics["steps"]), self.setup.job.train.momentum, self.lr_mu)
-        params = set(self.setup.parameter_names)
-        update = {n: (start[n] - v) / a if n in params else v for n, v in model.state_dict().items()}
+        params = set(self.setup.parameter_names)       # a = 0: no step this round (one sample, BatchNorm): d_i = 0
+        update = {n: (start[n] - v) / (a or 1.0) if n in params else v for n, v in model.state_dict().items()}
         return {"model": ({**update, STEPS: ONE * a, WEIGHT: ONE}, float(client.num_samples))}, metrics
 
     def update_parameters(self, server_state, mean, uplink):

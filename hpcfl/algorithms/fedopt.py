@@ -14,6 +14,8 @@ statistics) take the cohort's weighted mean, as in FedAvg and FedAvgM. m and v a
 (`moment1.*`, `moment2.*`), checkpointed with the model, so a resumed run continues bit for bit.
 
 Where the paper's text is silent or leaves a choice, and what we chose:
+- x_avg is the sample-weighted mean (as in FedAvg and Flower), where Algorithm 2 writes the plain
+  mean 1/|S| sum_i; with clients of equal sizes they agree.
 - Initial moments: m_{-1} = 0 and v_{-1} = tau^2, the least Algorithm 2 allows (it asks v_{-1} >= tau^2).
   Flower's strategies start from v = 0 instead.
 - Bias correction: none. Algorithm 2 has none; Flower's FedAdam scales eta by Adam's

@@ -20,8 +20,10 @@ that c_i estimates the client's gradient without it. Adam is refused: its steps 
 
 The mean of y_i is weighted by sample counts, as FedAvg and the compared papers' code bases do; with
 equal client sizes it is the paper's uniform mean. Control variates cover the trained parameters;
-buffers (BatchNorm statistics) are averaged. c_i starts at zero and is stored from the client's
-first participation on, on the CPU of its worker.
+buffers (BatchNorm statistics) are averaged, and model.batchnorm = "local" is refused (a client would
+start from its own BatchNorm layers, not x). c_i starts at zero and is stored from the client's
+first participation on, on the CPU of its worker; a client that took no step (a one-sample batch on a
+BatchNorm model is skipped) keeps its c_i.
 """
 from dataclasses import dataclass
 
@@ -42,7 +44,8 @@ class Scaffold(FedAvg):
         server_lr: float = 1.0            # eta_g, the server's step on the averaged model change
 
     traits = Traits(batched=True,
-                    sgd_only="its option II control variates divide the model change by lr times the SGD step count")
+                    sgd_only="its option II control variates divide the model change by lr times the SGD step count",
+                    shared_batchnorm="its control variates measure the model change from the received model")
 
     @classmethod
     def check(cls, job):
@@ -70,10 +73,12 @@ class Scaffold(FedAvg):
         self.correction.vector = {n: c[n] - c_i[n] for n in c}
         self.start_from(model, client, start)
         metrics = self.train(model, client, round, trainer, downlink, extra=(self.correction,))
-        train = self.setup.job.train
-        step = 1.0 / (normalising_steps(int(metrics["steps"]), train.momentum, self.lr_mu) * train.lr)
-        trained = dict(model.named_parameters())
-        new = {n: c_i[n] - c[n] + (start[n] - trained[n].detach()) * step for n in c}
+        train, steps = self.setup.job.train, int(metrics["steps"])
+        new = c_i                       # no step this round (one sample on a BatchNorm model): no new estimate
+        if steps:
+            step = 1.0 / (normalising_steps(steps, train.momentum, self.lr_mu) * train.lr)
+            trained = dict(model.named_parameters())
+            new = {n: c_i[n] - c[n] + (start[n] - trained[n].detach()) * step for n in c}
         client.state["control"] = new
         delta = {n: new[n] - c_i[n] for n in c}
         return {"model": ({**model.state_dict(), WEIGHT: ONE}, float(client.num_samples)),

@@ -287,6 +287,11 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device,
         models[name] = build_model(name, in_shape, num_classes, resolved.models[name]).to(device)
         adapt_model(models[name], resolved.adapting, config.run.seed)
         lay_out(models[name], layout)
+    if config.train.batch_size == 1 and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                                            for model in models.values() for m in model.modules()):
+        raise ConfigError("train.batch_size = 1, but the model has BatchNorm layers, which cannot train on one "
+                          "sample (every batch would be skipped): use train.batch_size >= 2, or a model "
+                          "without BatchNorm")
     widths = {name: m.classifier.in_features for name, m in models.items()
               if hasattr(m, "classifier")}
     if len(models) > 1 and len(set(widths.values())) != 1:

@@ -117,6 +117,14 @@ def test_fednova_client_sends_its_normalised_update():
     assert tensors["w"].item() == pytest.approx(0.4 / 4.25)
 
 
+def test_a_fednova_client_with_no_step_sends_no_change_and_no_steps():
+    algo = make("fednova", Scalar(), train={"momentum": 0.5, "clients_per_round": 1})
+    contributions, _ = algo.client_update(algo.plan(0)[0], 0, client(samples=1), {"model": _w(1.0)}, Scalar(-7.0),
+                                          StepTrainer(shift=0.0, steps=0))       # a = 0 (it was 0 / 0 = NaN)
+    tensors, _ = contributions["model"]
+    assert tensors[STEPS].item() == 0.0 and tensors["w"].item() == 0.0
+
+
 def test_fednova_prox_mu_enters_the_normalisation():
     algo = make("fednova", Scalar(), train={"lr": 0.1, "clients_per_round": 1},
                 algorithm={"name": "fednova", "terms": {"prox": {"mu": 1.0}}})

@@ -94,6 +94,28 @@ def test_local_batchnorm_policy_keeps_each_clients_own_layers():
     assert other.state == {}                                               # "average": nothing kept
 
 
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fednova"])
+def test_algorithms_measuring_from_the_received_model_refuse_local_batchnorm(name):
+    with pytest.raises(ConfigError, match=f"algorithm '{name}' needs model.batchnorm = \"average\": .* starts from "
+                                          "its own"):
+        job_from_dict({"algorithm": {"name": name}, "model": {"batchnorm": "local"}})
+    job_from_dict({"algorithm": {"name": "fedprox"}, "model": {"batchnorm": "local"}})      # prox: see below
+
+
+def test_with_local_batchnorm_the_proximal_term_pulls_towards_the_clients_own_layers():
+    """FedProx's reference is the model the client started from: the received one, with its own BN."""
+    model = _bn_net()
+    algo = make("fedprox", model, {"mu": 1.0}, model={"batchnorm": "local"})
+    received = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    me = client()
+    me.state["bn"] = {k: torch.full_like(v, 2.0) if v.is_floating_point() else v for k, v in received.items()
+                      if k.startswith("1.")}
+    algo.client_update(algo.plan(1)[0], 1, me, {"model": received}, model, StepTrainer(target=2.0))
+    prox = algo.terms[0]
+    assert torch.equal(prox.reference["1.weight"], torch.full((2,), 2.0))      # its own, as it started
+    assert torch.equal(prox.reference["0.weight"], torch.zeros(2, 2))         # the received rest
+
+
 def test_load_state_copies_into_the_models_own_tensors():
     model = nn.Linear(1, 1)
     load_state(model, {"weight": torch.tensor([[3.0]], dtype=torch.float64), "bias": torch.tensor([1.0])})

@@ -8,6 +8,7 @@ from algorithms.helpers import make
 from torch import nn
 
 from hpcfl.algorithms.base import Client
+from hpcfl.testing import StepTrainer
 from hpcfl.training import LocalTrainer
 
 LR, DECAY, STEPS = 0.1, 0.01, 3          # STEPS local epochs of one full batch each
@@ -100,6 +101,22 @@ def test_without_momentum_the_control_variate_is_the_papers_number_for_number():
     y = model.classifier.weight.detach()
     assert torch.equal(me.state["control"]["classifier.weight"], c_i - c + (x - y) * (1.0 / (float(STEPS) * LR)))
 
+
+
+def test_a_client_with_no_step_keeps_its_control_variate_and_the_model():
+    """One sample on a BatchNorm model: the trainer drops the batch, so there is no model change to
+    divide by the step count (it was a ZeroDivisionError)."""
+    algo = make("scaffold", Softmax2(), train={"lr": LR, "clients_per_round": 1})
+    me = Client(0, torch.tensor(X[:1], dtype=torch.float32), torch.tensor(Y[:1]), np.array([1, 0]))
+    c_i = torch.tensor([[0.2, -0.1], [0.05, 0.3]])
+    me.state["control"] = {"classifier.weight": c_i.clone()}
+    x, c = torch.tensor([[0.3, -0.2], [-0.4, 0.1]]), torch.tensor([[-0.1, 0.2], [0.4, 0.0]])
+    contributions, _ = algo.client_update(algo.plan(0)[0], 0, me, {"model": {"classifier.weight": x},
+                                                                  "control": {"classifier.weight": c}},
+                                          Softmax2(), StepTrainer(shift=0.0, steps=0))
+    assert torch.equal(me.state["control"]["classifier.weight"], c_i)
+    assert torch.equal(contributions["control"][0]["classifier.weight"], torch.zeros(2, 2))
+    assert torch.equal(contributions["model"][0]["classifier.weight"], x)
 
 
 def test_scaffold_params_default_to_the_papers_server_step_and_are_frozen():

@@ -405,6 +405,13 @@ def test_per_architecture_options_reach_their_models():
     assert all(isinstance(m.classifier, ReluLinear) and m.classifier.in_features == 128 for m in models.values())
 
 
+def test_batches_of_one_sample_are_refused_for_a_model_with_batchnorm():
+    one = {"train": {"batch_size": 1}}
+    build_models(job_from_dict({**one, "model": {"name": "fmnist_cnn"}}), (1, 28, 28), 10, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="train.batch_size = 1, but the model has BatchNorm layers"):
+        build_models(job_from_dict({**one, "model": {"name": "fmnist_cnn_bn"}}), (1, 28, 28), 10, torch.device("cpu"))
+
+
 def _digits_client(cid, samples):
     data = load_dataset("digits", resolve_data_root(None))
     idx = torch.from_numpy(np.random.default_rng(cid).permutation(len(data.train_y))[:samples])
