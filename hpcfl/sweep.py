@@ -117,7 +117,7 @@ def points(raw: dict) -> list[list[str]]:
 
 def swept_keys(todo: list[list[str]]) -> set[str]:
     """The config keys the sweep sets on its points."""
-    return {override.split("=", 1)[0] for point in todo for override in point}
+    return {override.partition("=")[0] for point in todo for override in point}
 
 
 def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
@@ -168,7 +168,7 @@ def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> Non
     except SystemExit:                    # argparse has said what it cannot take
         raise ConfigError(f"{shlex.join(launch_args)}: not options of a run (hpcfl run --help); sbatch's go after "
                           "`--`") from None
-    clash = sorted({o.split("=", 1)[0] for o in options.overrides} & swept)
+    clash = sorted({o.partition("=")[0] for o in options.overrides} & swept)
     if clash:
         raise ConfigError(f"--set {clash[0]}: the sweep sets it on each point (a point's run.name, run.seed, its arm's "
                           "and grid's keys); change it in the job's [sweep] table")

@@ -104,8 +104,6 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, mi
     """Per class, client shares ~ Dir(beta), and a client already holding the average share gets no more
     (NIID-Bench / FedMA); redrawn until every client has min_samples. In flwr-datasets this is
     `DirichletPartitioner(self_balancing=True)`, not its default (`self_balancing=False`: no cap)."""
-    _require("beta", beta, is_number(beta) and beta > 0,
-             "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
     class_sizes = np.unique(labels, return_counts=True)[1]
     for _ in range(_MAX_ATTEMPTS):
         counts = _dirichlet_counts(class_sizes, num_clients, beta, rng)
@@ -127,9 +125,7 @@ def dirichlet_equal(labels: np.ndarray, num_clients: int, rng: np.random.Generat
     Each client draws class proportions ~ Dir(beta) and takes them from the classes' remaining pools,
     renormalising over the classes not yet used up; a leftover of fewer than num_clients samples is unused.
     """
-    _require("beta", beta, is_number(beta) and beta > 0,
-             "must be a number > 0 (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)")
-    _require("size", size, is_int(size) and 0 <= size * num_clients <= len(labels),
+    _require("size", size, size * num_clients <= len(labels),
              f"must be an integer with size x num_clients <= {len(labels)} samples (0: all of them, split equally)")
     left = np.unique(labels, return_counts=True)[1]
     counts = np.zeros((len(left), num_clients), dtype=np.int64)
@@ -182,7 +178,7 @@ def classes_per_client(labels: np.ndarray, num_clients: int, rng: np.random.Gene
                        *, k: int) -> list[np.ndarray]:
     """FedClassAvg's "skewed" split (k = 2): every client holds exactly k distinct classes."""
     num_classes = len(np.unique(labels))
-    _require("k", k, is_int(k) and 1 <= k <= num_classes,
+    _require("k", k, k <= num_classes,
              f"must be an integer from 1 to the number of classes in the training set ({num_classes})")
     sets = _class_sets(num_classes, num_clients, k, rng)
     held = np.zeros((num_classes, num_clients), dtype=bool)
@@ -199,9 +195,7 @@ def dominant(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
     """
     classes, class_sizes = np.unique(labels, return_counts=True)
     num_classes = len(classes)
-    for key, value in (("n_dominant", n_dominant), ("n_other", n_other)):
-        _require(key, value, is_int(value) and value >= 0, "must be an integer >= 0 (samples per class per client)")
-    _require("dominant_classes", dominant_classes, is_int(dominant_classes) and 1 <= dominant_classes <= num_classes,
+    _require("dominant_classes", dominant_classes, dominant_classes <= num_classes,
              f"must be an integer from 1 to the number of classes in the training set ({num_classes})")
     clients = np.arange(num_clients)[:, None]
     is_dominant = np.zeros((num_classes, num_clients), dtype=bool)
@@ -227,7 +221,7 @@ def missing(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, x
     the clients that hold it.
     """
     num_classes = len(np.unique(labels))
-    _require("x", x, is_int(x) and 0 <= x < num_classes,
+    _require("x", x, x < num_classes,
              f"must be an integer from 0 to {num_classes - 1}: each client must keep at least one of the "
              f"{num_classes} classes in the training set")
     held = np.ones((num_classes, num_clients), dtype=bool)
@@ -241,15 +235,6 @@ def quantity_skew(labels: np.ndarray, num_clients: int, rng: np.random.Generator
 
     Redrawn until every client has min_samples.
     """
-    if (beta is None) == (sigma is None):
-        raise ConfigError("quantity_skew needs exactly one of data.partition_params.beta (Dirichlet client "
-                          "shares) or data.partition_params.sigma (log-normal client sizes)")
-    if beta is not None:
-        _require("beta", beta, is_number(beta) and beta > 0,
-                 "must be a number > 0 (small, e.g. 0.5, gives very unequal sizes; large gives near-equal)")
-    else:
-        _require("sigma", sigma, is_number(sigma) and sigma >= 0,
-                 "must be a number >= 0 (0 gives equal sizes; larger, e.g. 1, more unequal)")
     for _ in range(_MAX_ATTEMPTS):
         if beta is not None:
             share = rng.dirichlet(np.full(num_clients, beta))
@@ -272,8 +257,6 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_
             *, min_owner_samples: int = 0) -> list[np.ndarray]:
     """Each client is one natural owner of the data (a LEAF Shakespeare role), drawn among those with at
     least max(min_owner_samples, min_samples) samples (FedMA: 66 roles with >= 10k samples each)."""
-    _require("min_owner_samples", min_owner_samples, isinstance(min_owner_samples, int) and min_owner_samples >= 0,
-             "must be an integer >= 0")
     ids, sizes = np.unique(owners, return_counts=True)
     least = max(min_owner_samples, min_samples)
     eligible = ids[sizes >= least]
@@ -317,11 +300,36 @@ _SETTING_TYPES = {"int": ("an integer", lambda v: is_int(v) and -2 ** 63 <= v < 
                   "str": ("a string", lambda v: isinstance(v, str))}
 _NUMBER = ("a finite number", lambda v: is_number(v) and bool(np.isfinite(v)))
 
+# The built-in schemes' rules that need no data, checked with the job (check_params), so that a sweep is
+# refused before it is queued; each scheme checks the bounds that depend on the data (k at most the
+# number of classes, ...) itself.
+def _above(bound, hint: str = ""):
+    return lambda v: v > bound, f"must be > {bound}{hint}"
+
+
+def _from(bound, hint: str = ""):
+    return lambda v: v >= bound, f"must be >= {bound}{hint}"
+
+
+_SKEW = " (small, e.g. 0.1, is very skewed; large, e.g. 100, is near iid)"
+_PER_CLASS = " (samples per class per client)"
+_RULES = {
+    "dirichlet": {"beta": _above(0, _SKEW)},
+    "dirichlet_equal": {"beta": _above(0, _SKEW), "size": _from(0, " (0: all of the data set, split equally)")},
+    "classes_per_client": {"k": _from(1)},
+    "dominant": {"n_dominant": _from(0, _PER_CLASS), "n_other": _from(0, _PER_CLASS), "dominant_classes": _from(1)},
+    "missing": {"x": _from(0)},
+    "quantity_skew": {"beta": _above(0, " (small, e.g. 0.5, gives very unequal sizes; large near-equal)"),
+                      "sigma": _from(0, " (0 gives equal sizes; larger, e.g. 1, more unequal)")},
+    "natural": {"min_owner_samples": _from(0)},
+}
+
 
 def check_params(scheme: str, params: dict) -> dict:
     """The scheme's keyword-only settings, `params` with the defaults of those it leaves out, or a
     ConfigError naming the bad key; types are checked here, with the job file (an int or str annotation
-    asks for one, any other a finite number), and ranges that depend on the data by the scheme."""
+    asks for one, any other a finite number), and so are a built-in scheme's ranges that need no data
+    (`_RULES`); those that depend on the data, the scheme checks."""
     sig = inspect.signature(PARTITIONS[scheme]).parameters
     valid = [n for n, p in sig.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     for key, value in params.items():
@@ -334,7 +342,14 @@ def check_params(scheme: str, params: dict) -> dict:
     for key in valid:
         if key not in params and sig[key].default is inspect.Parameter.empty:
             raise ConfigError(f"data.partition_params.{key} is required by partition {scheme!r}")
-    return {key: params.get(key, sig[key].default) for key in valid}
+    settings = {key: params.get(key, sig[key].default) for key in valid}
+    for key, (ok, rule) in _RULES.get(scheme, {}).items():
+        if settings[key] is not None:
+            _require(key, settings[key], ok(settings[key]), rule)
+    if scheme == "quantity_skew" and (settings["beta"] is None) == (settings["sigma"] is None):
+        raise ConfigError("quantity_skew needs exactly one of data.partition_params.beta (Dirichlet client "
+                          "shares) or data.partition_params.sigma (log-normal client sizes)")
+    return settings
 
 
 def partition(labels: np.ndarray, num_clients: int, scheme: str, params: dict, seed: int,

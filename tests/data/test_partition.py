@@ -3,6 +3,7 @@ skew controlled by the params, config/data guards, and the per-client validation
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from hpcfl.data.partition import PARTITIONS, check_params, count_matrix, partition
 from hpcfl.data.splits import local_test_sets, shared_set, training_subset, validation_split
 from hpcfl.errors import ConfigError, DataError
+from hpcfl.jobs import job_from_dict
 
 # Balanced labels like Fashion-MNIST's training set, in a fixed shuffled order.
 LABELS = np.random.default_rng(1).permutation(np.repeat(np.arange(10), 6000))
@@ -469,9 +471,28 @@ def test_each_partition_rule_accepts_its_boundary(scheme, params, num_clients):
         assert np.all(m.sum(axis=1) == d * params["n_dominant"] + (10 - d) * params["n_other"])
 
 
+@pytest.mark.parametrize("scheme, params, message", [
+    ("dirichlet", {"beta": 0}, "beta = 0: must be > 0 (small, e.g. 0.1"),
+    ("dirichlet_equal", {"beta": 0.5, "size": -3}, "size = -3: must be >= 0"),
+    ("classes_per_client", {"k": 0}, "k = 0: must be >= 1"),
+    ("dominant", {"n_dominant": -1, "n_other": 1}, "n_dominant = -1: must be >= 0"),
+    ("dominant", {"n_dominant": 1, "n_other": 1, "dominant_classes": 0}, "dominant_classes = 0: must be >= 1"),
+    ("missing", {"x": -1}, "x = -1: must be >= 0"),
+    ("quantity_skew", {}, "exactly one of data.partition_params.beta"),
+    ("quantity_skew", {"beta": 1.0, "sigma": 1.0}, "exactly one of"),
+    ("quantity_skew", {"sigma": -0.5}, "sigma = -0.5: must be >= 0"),
+    ("natural", {"min_owner_samples": -1}, "min_owner_samples = -1: must be >= 0")])
+def test_settings_out_of_range_are_refused_with_the_job_before_any_data(scheme, params, message):
+    """`hpcfl check` and a sweep's --submit see them, not each array task after its wait."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        job_from_dict({"data": {"partition": scheme, "partition_params": params}})
+
+
 def test_check_params_integer_settings_fit_int64():
-    ok = check_params("dominant", {"n_dominant": 2 ** 63 - 1, "n_other": -2 ** 63})
-    assert ok == {"n_dominant": 2 ** 63 - 1, "n_other": -2 ** 63, "dominant_classes": 1}     # with the default
+    ok = check_params("dominant", {"n_dominant": 2 ** 63 - 1, "n_other": 0})
+    assert ok == {"n_dominant": 2 ** 63 - 1, "n_other": 0, "dominant_classes": 1}     # with the default
+    with pytest.raises(ConfigError, match=r"data\.partition_params\.n_other = -9223372036854775808: must be >= 0"):
+        check_params("dominant", {"n_dominant": 1, "n_other": -2 ** 63})
     for value in (2 ** 63, -2 ** 63 - 1, 2.0, True):
         with pytest.raises(ConfigError, match=r"data\.partition_params\.n_other .*must be an integer"):
             check_params("dominant", {"n_dominant": 1, "n_other": value})
