@@ -100,16 +100,18 @@ def local_test_sets(test_labels: np.ndarray, class_counts: np.ndarray, size_rati
     return sets
 
 
-def shared_set(labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
+def shared_set(labels: np.ndarray, num_classes: int, seed: int, held_out: np.ndarray = ()) -> np.ndarray:
     """FedKA's minimal shared set S: one training-sample index per class (in class order), drawn from
-    the whole training set with its own generator, so every rank and run with `seed` picks the same."""
+    the training set with its own generator, so every rank and run with `seed` picks the same; never
+    one of `held_out` (the clients' validation rows: every client trains on S)."""
     labels = np.asarray(labels)
     rng = numpy_rng(seed, "shared-set")
-    missing = [k for k in range(num_classes) if not (labels == k).any()]
+    pool = np.setdiff1d(np.arange(len(labels)), held_out)
+    missing = [k for k in range(num_classes) if not (labels[pool] == k).any()]
     if missing:
-        raise DataError(f"the training set has no sample of class {missing[0]}, so the shared set S cannot "
-                        "hold one sample per class; use a data set that covers every class")
-    return np.array([rng.choice(np.flatnonzero(labels == k)) for k in range(num_classes)], dtype=np.int64)
+        raise DataError(f"the training set has no sample of class {missing[0]} outside the validation rows, so the "
+                        "shared set S cannot hold one sample per class; use a data set that covers every class")
+    return np.array([rng.choice(pool[labels[pool] == k]) for k in range(num_classes)], dtype=np.int64)
 
 
 @dataclass

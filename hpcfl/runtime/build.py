@@ -181,7 +181,8 @@ def _algorithm(job: Resolved, model, split: ClientData) -> Algorithm | WithAncho
         raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' "
                           "has no images; drop the term or pick an image data set")
     if any(t.needs_shared for t in algorithm.terms):
-        split.shared = shared_set(data.train_y.numpy(), data.num_classes, job.config.data_seed)
+        split.shared = shared_set(data.train_y.numpy(), data.num_classes, job.config.data_seed,
+                                  np.concatenate(split.val_parts))
     return algorithm
 
 

@@ -190,6 +190,18 @@ def test_forgetting_degree_is_recorded_per_client_and_class(tiny_job, tmp_path):
     assert len(arrays["shared_samples"]) == 10
 
 
+def test_the_shared_set_takes_no_validation_row(tiny_job, tmp_path):
+    """Every client trains on S: a held-out row in it would be trained on, then selected on."""
+    from hpcfl.data.splits import split_data
+    from hpcfl.jobs import load_job
+
+    job, half = tiny_job("fedka", rounds=1), "data.validation_fraction=0.5"
+    assert main([str(job), "--results-root", str(tmp_path), "--set", "run.name='v'", "--set", half]) == 0
+    shared = read_run(tmp_path / "test" / "v.h5").arrays["shared_samples"]
+    held_out = np.concatenate(split_data(load_job(job, [half]), None, False).val_parts)
+    assert len(shared) == 10 and len(held_out) > 500 and not np.isin(shared, held_out).any()
+
+
 def test_forgetting_needs_a_global_model():
     with pytest.raises(ConfigError, match="eval.forgetting"):
         job_from_dict({"algorithm": {"name": "local_only"}, "data": {"local_test_ratio": 0.3},

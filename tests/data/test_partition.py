@@ -621,6 +621,11 @@ def test_shared_set_takes_a_list_and_needs_every_class():
     assert [labels[i] for i in picked] == [0, 1, 2] and picked.dtype == np.int64
     with pytest.raises(DataError, match="no sample of class 3"):
         shared_set(labels, 4, seed=4)
+    held_out = [1, 3, 5]                           # class 1's 5 and class 0's 1, 3: validation rows
+    picks = {tuple(shared_set(labels, 3, seed, np.array(held_out))) for seed in range(20)}
+    assert picks == {(6, 2, 0), (6, 2, 4)}          # never a held-out row; class 2's still drawn
+    with pytest.raises(DataError, match="no sample of class 1 outside the validation rows"):
+        shared_set(labels, 3, seed=4, held_out=np.array([2, 5]))
 
 
 def test_dirichlet_caps_clients_holding_a_fair_share():
