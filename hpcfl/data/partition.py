@@ -22,6 +22,7 @@ a function
   client are left out), each client with at least data.min_samples; `partition` checks all of this.
 """
 import inspect
+from decimal import ROUND_HALF_UP, Decimal
 
 import numpy as np
 
@@ -71,9 +72,11 @@ def _require(key: str, value, ok: bool, rule: str) -> None:
         raise ConfigError(f"data.partition_params.{key} = {value!r}: {rule}")
 
 
-def round_half_up(x: float) -> int:
-    """Python's round() rounds halves to even; sizes here round 2.5 up, as a reader expects."""
-    return int(np.floor(x + 0.5))
+def round_half_up(share: float, n: int) -> int:
+    """share x n rounded half up (Python's round() rounds halves to even; 2.5 goes to 3 here, as a
+    reader expects), with `share` taken as the decimal it was written as: 0.35 x 90 = 31.5 gives 32,
+    where the float product, 31.499999999999996, would give 31."""
+    return int((Decimal(repr(float(share))) * int(n)).to_integral_value(rounding=ROUND_HALF_UP))
 
 
 def apportion(total: int, weights: np.ndarray) -> np.ndarray:

@@ -60,7 +60,7 @@ def validation_split(parts: list[np.ndarray], fraction: float, seed: int) -> tup
         raise ConfigError(f"data.validation_fraction = {fraction!r}: must be a number in [0, 1), e.g. 0.2")
     train, val = [], []
     for client, part in enumerate(parts):
-        n_val = max(min(round_half_up(fraction * len(part)), len(part) - 1), 0)
+        n_val = max(min(round_half_up(fraction, len(part)), len(part) - 1), 0)
         shuffled = numpy_rng(seed, "validation", client).permutation(np.asarray(part, dtype=np.int64))
         train.append(np.sort(shuffled[n_val:]))
         val.append(np.sort(shuffled[:n_val]))
@@ -86,7 +86,7 @@ def local_test_sets(test_labels: np.ndarray, class_counts: np.ndarray, size_rati
     start = np.cumsum(pool) - pool  # where each class's block begins in a label-sorted test set
     sets = []
     for client, row in enumerate(class_counts):
-        size = round_half_up(size_ratio * row.sum())
+        size = round_half_up(size_ratio, row.sum())
         need = apportion(size, row) if size else np.zeros(num_classes, dtype=np.int64)
         absent = np.flatnonzero((need > 0) & (pool == 0))
         if absent.size:

@@ -683,6 +683,15 @@ def test_golden_validation_split():
     assert [t.tolist() for t in train] == [[0, 2, 4, 5, 6, 7, 8], [10, 12, 14, 15]]
 
 
+def test_a_share_rounds_half_up_as_the_decimal_it_was_written_as():
+    """0.35 x 90 is 31.499999999999996 in floats: 32 samples, as the documented rule says."""
+    from hpcfl.data.partition import round_half_up
+
+    assert [round_half_up(0.35, 90), round_half_up(0.29, 50), round_half_up(0.25, 10), round_half_up(0.25, 6),
+            round_half_up(0.2, 7), round_half_up(0.5, 0)] == [32, 15, 3, 2, 1, 0]
+    assert [len(v) for v in validation_split([np.arange(90)], 0.35, seed=0)[1]] == [32]
+
+
 def test_golden_local_test_sets():
     # Test indices 0-4: class 0, 5-8: class 1, 9-11: class 2. Client 0 trains 6:3:0 -> 0.5 x 9 = 4.5 -> 5
     # test samples, 3 + 2; client 1 trains 0:2:4 -> 3 test samples, 1 + 2.
