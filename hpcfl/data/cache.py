@@ -4,8 +4,9 @@ Fashion-MNIST or decoding 180,000 PNGs, and every later run (and every rank) rea
 Where: $HPCFL_CACHE (a folder; `off` switches the cache off), else $XDG_CACHE_HOME/hpcfl, else
 ~/.cache/hpcfl. An entry holds a loader's decoded uint8 pixels and labels (normalising is left to
 the loader: the entry stays a quarter of the float32 size). Its name carries a fingerprint of the
-source files (resolved path, size and modification time of each), so a changed, replaced or moved
-source is decoded again and never read stale; the entries of the same set from the same folder that
+source files (resolved path, size and modification time of each) and of the decoders' version
+(DECODING), so a changed, replaced or moved source, or a changed decoder, is decoded again and never
+read stale; the entries of the same set from the same folder that
 it replaces are removed. An entry is written to a private temporary file and renamed into place,
 so concurrent ranks and array tasks each write a whole file, the last rename wins, and a reader
 never sees half of one. A damaged entry (the zip checksums catch it) is decoded again.
@@ -32,6 +33,9 @@ from pathlib import Path
 import numpy as np
 
 Arrays = dict[str, np.ndarray | None]
+# Part of every entry's fingerprint: raise it when a loader decodes differently (a transpose, a label
+# offset, a check an entry must pass), so that entries an earlier hpcfl wrote are decoded again.
+DECODING = 1
 # filesystems whose files only this node changes: an entry there may be mapped (see the module docstring)
 LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "zfs", "f2fs", "overlay"})
 
@@ -48,10 +52,11 @@ def cache_folder() -> Path | None:
 
 def entry_path(folder: Path, name: str, sources: list[Path]) -> Path:
     """<name>-<where>-<fingerprint>.npz: `where` hashes the sources' folders (an entry to replace
-    shares it), the fingerprint their paths, sizes and modification times."""
+    shares it), the fingerprint their paths, sizes and modification times, and DECODING."""
     resolved = sorted(Path(p).resolve() for p in sources)
     where = hashlib.sha256("\n".join(sorted({str(p.parent) for p in resolved})).encode()).hexdigest()[:8]
-    stats = "\n".join(f"{p}\t{p.stat().st_size}\t{p.stat().st_mtime_ns}" for p in resolved)
+    stats = "\n".join([f"decoding {DECODING}", *(f"{p}\t{p.stat().st_size}\t{p.stat().st_mtime_ns}"
+                                                   for p in resolved)])
     return folder / f"{name}-{where}-{hashlib.sha256(stats.encode()).hexdigest()[:16]}.npz"
 
 

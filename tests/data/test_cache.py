@@ -68,6 +68,18 @@ def test_a_changed_source_is_decoded_again_and_replaces_its_entry(cache, tmp_pat
     assert len(entries) == 1 and entries[0] != entry               # the stale entry is gone
 
 
+def test_an_entry_an_earlier_decoder_wrote_is_decoded_again_and_replaced(cache, tmp_path, monkeypatch):
+    load_dataset("mnist", tmp_path / "data")
+    entry = next(cache.glob("mnist-*.npz"))
+    monkeypatch.setattr(hpcfl.data.cache, "DECODING", hpcfl.data.cache.DECODING + 1)    # a loader changed
+    decoded = []
+    read_idx = hpcfl.data.idx.read_idx
+    monkeypatch.setattr(hpcfl.data.idx, "read_idx", lambda path: decoded.append(path) or read_idx(path))
+    load_dataset("mnist", tmp_path / "data")
+    entries = list(cache.glob("mnist-*.npz"))
+    assert decoded and len(entries) == 1 and entries[0] != entry
+
+
 def test_a_damaged_entry_is_decoded_again(cache, tmp_path):
     whole = load_dataset("mnist", tmp_path / "data")
     entry = next(cache.glob("mnist-*.npz"))
