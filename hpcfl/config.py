@@ -102,8 +102,9 @@ class TrainConfig:
     lr: float = 0.05                # the local learning rate
     momentum: float = 0.0           # SGD's heavy-ball momentum
     weight_decay: float = 0.0       # L2 weight decay, in the optimizer
-    augment: str = "none"           # none | crop_flip: random crop after 4-pixel zero padding + horizontal flip,
-                                    # batched on the device, seeded per (round, client)
+    augment: str = "none"           # none | crop_flip: random crop after 4 pixels of black padding + horizontal
+                                    # flip (torchvision's RandomCrop(padding=4)), batched on the device, seeded
+                                    # per (round, client)
     on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf is left out of the aggregate and
                                     # recorded (client/nonfinite); stop: end the run after that round (exit 1);
                                     # drop: go on, the client keeping its state of before the round

@@ -19,7 +19,8 @@ from hpcfl.seeding import torch_generator, torch_seed
 
 class LocalTrainer:
     def __init__(self, cfg: TrainConfig, seed: int, normalization: tuple | None = None):
-        """`normalization`: the data's per-channel (mean, std), which two-view augmentation needs."""
+        """`normalization`: the data's per-channel (mean, std), which augmentation needs (the colour ops
+        work on pixels; the crop pads with black ones)."""
         self.cfg, self.seed, self.normalization = cfg, seed, normalization
 
     def optimizer(self, params) -> torch.optim.Optimizer:
@@ -62,10 +63,14 @@ class LocalTrainer:
 
     def views(self, x: torch.Tensor, augment: torch.Generator | None, terms) -> tuple:
         """A batch as the loss takes it: two augmented views if a term asks for them (SupCon), else
-        the batch, cropped and flipped with train.augment = "crop_flip"."""
+        the batch, cropped (padded with black pixels) and flipped with train.augment = "crop_flip"."""
         if any(term.views == 2 for term in terms):
             return simclr_views(x, augment, *self.normalization)
-        return (x if augment is None else random_crop_flip(x, augment)), None
+        if augment is None:
+            return x, None
+        mean, std = self.normalization or (None, None)
+        black = None if mean is None else [-m / sd for m, sd in zip(mean, std, strict=True)]
+        return random_crop_flip(x, augment, fill=black), None
 
     def train(self, model: nn.Module, client, round: int, terms=(), epochs: range | None = None) -> dict[str, float]:
         """E local epochs of minibatch training on the client's data (`batch_loss` each batch); returns

@@ -52,6 +52,15 @@ def test_crop_flip_output_is_a_window_of_the_padded_image():
     assert len({(dy, dx) for dy, dx, _ in seen}) > 20 and {f for _, _, f in seen} == {False, True}
 
 
+def test_crop_flip_pads_with_the_fill_of_each_channel():
+    """Normalised images pad with a black pixel, -mean / std, as torchvision pads before normalising."""
+    x = torch.full((64, 2, 4, 4), 7.0)
+    out = random_crop_flip(x, _gen(5), padding=2, fill=[-2.0, 0.5])
+    assert set(out[:, 0].unique().tolist()) == {7.0, -2.0} and set(out[:, 1].unique().tolist()) == {7.0, 0.5}
+    assert set(random_crop_flip(x, _gen(5), padding=2).unique().tolist()) == {7.0, 0.0}     # default: zeros
+    assert torch.equal(random_crop_flip(x, _gen(5), padding=2, fill=[-2.0, 0.5]) == 7.0, out == 7.0)   # same windows
+
+
 def test_flip_probability_is_one_half():
     x = _distinct(4000, c=1, side=4)
     out = random_crop_flip(x, _gen(4), padding=0)

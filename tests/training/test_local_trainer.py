@@ -147,3 +147,13 @@ def test_bf16_trains_through_bfloat16_matmuls_with_fp32_weights():
     fp32 = _net()
     LocalTrainer(TrainConfig(**cfg), seed=1).train(fp32, client, 0)
     assert not all(torch.allclose(a, b, atol=1e-4) for a, b in zip(_weights(model), _weights(fp32), strict=True))
+
+
+def test_crop_flip_pads_normalised_images_with_black_pixels():
+    """train.augment = "crop_flip" as torchvision's RandomCrop(padding=4) before Normalize: the padding
+    is pixel 0, which the data's normalisation maps to -mean / std per channel."""
+    trainer = LocalTrainer(TrainConfig(augment="crop_flip"), seed=0, normalization=((0.5, 0.25), (0.25, 0.5)))
+    x = torch.full((64, 2, 8, 8), 3.0)
+    out, second = trainer.views(x, torch.Generator().manual_seed(1), terms=())
+    assert second is None
+    assert set(out[:, 0].unique().tolist()) == {3.0, -2.0} and set(out[:, 1].unique().tolist()) == {3.0, -0.5}
