@@ -103,7 +103,8 @@ class TrainConfig:
     momentum: float = 0.0           # SGD's heavy-ball momentum
     weight_decay: float = 0.0       # L2 weight decay, in the optimizer
     augment: str = "none"           # none | crop_flip: random crop after 4 pixels of black padding + horizontal
-                                    # flip (torchvision's RandomCrop(padding=4)), batched on the device, seeded
+                                    # flip (torchvision's RandomCrop(padding=4)) | crop_flip_reflect: the padding
+                                    # mirrors the border (FedMA's authors' loader); batched on the device, seeded
                                     # per (round, client)
     on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf is left out of the aggregate and
                                     # recorded (client/nonfinite); stop: end the run after that round (exit 1);
@@ -191,7 +192,7 @@ CHOICES = {
     "run.placement": ("auto", "fixed", "per_round"),
     "run.memory_format": ("auto", "channels_last", "contiguous"),
     "train.optimizer": ("sgd", "adam"),
-    "train.augment": ("none", "crop_flip"),
+    "train.augment": ("none", "crop_flip", "crop_flip_reflect"),
     "train.precision": ("fp32", "bf16"),
     "model.batchnorm": ("average", "local"),
     "train.on_nonfinite": ("stop", "drop"),

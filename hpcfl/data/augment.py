@@ -22,12 +22,13 @@ _GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as PIL's convert("L") u
 
 
 def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4,
-                     fill: Sequence[float] | None = None) -> torch.Tensor:
+                     fill: Sequence[float] | None = None, reflect: bool = False) -> torch.Tensor:
     """Each image of N x C x H x W `x` cropped back to H x W at a random offset of its padded copy, then
     mirrored left-right with probability 1/2 (the standard CIFAR augmentation). The padding is `fill`
     per channel, default 0: for normalised images pass a black pixel, -mean / std, which is what
     torchvision's RandomCrop(32, padding=4) pads a PIL image with before ToTensor and Normalize (a
-    0 there would be the mean colour).
+    0 there would be the mean colour). `reflect` mirrors the image's border into the padding instead
+    (F.pad's "reflect"), as FedMA's authors' CIFAR-10 loader pads.
 
     Two gathers with per-sample row/column indices do the whole batch; a flip just reverses the column index."""
     n, c, h, w = x.shape
@@ -37,9 +38,12 @@ def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int =
     row_idx = rows + torch.arange(h, device=x.device)
     col_range = torch.arange(w, device=x.device)
     col_idx = cols + torch.where(flip, col_range.flip(0), col_range)
-    fill_t = (torch.tensor(fill, dtype=x.dtype, device=x.device).view(1, -1, 1, 1) if fill is not None
-              else x.new_zeros(()))
-    padded = F.pad(x - fill_t, (padding, padding, padding, padding)) + fill_t
+    if reflect:
+        padded = F.pad(x, (padding, padding, padding, padding), mode="reflect")
+    else:
+        fill_t = (torch.tensor(fill, dtype=x.dtype, device=x.device).view(1, -1, 1, 1) if fill is not None
+                  else x.new_zeros(()))
+        padded = F.pad(x - fill_t, (padding, padding, padding, padding)) + fill_t
     out = padded.gather(2, row_idx[:, None, :, None].expand(n, c, h, w + 2 * padding))
     return out.gather(3, col_idx[:, None, None, :].expand(n, c, h, w))
 

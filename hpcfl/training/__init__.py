@@ -57,20 +57,21 @@ class LocalTrainer:
     def augmenter(self, client, round: int, terms, epochs: range | None = None) -> torch.Generator | None:
         """The client's augmentation generator this round (a later part of it: fresh draws), if it augments."""
         part = (epochs.start,) if epochs is not None and epochs.start else ()
-        if any(term.views == 2 for term in terms) or self.cfg.augment == "crop_flip":
+        if any(term.views == 2 for term in terms) or self.cfg.augment != "none":
             return torch_generator(self.seed, "augment", round, client.id, *part, device=client.y.device)
         return None
 
     def views(self, x: torch.Tensor, augment: torch.Generator | None, terms) -> tuple:
         """A batch as the loss takes it: two augmented views if a term asks for them (SupCon), else
-        the batch, cropped (padded with black pixels) and flipped with train.augment = "crop_flip"."""
+        the batch, cropped and flipped with train.augment = "crop_flip" (padded with black pixels) or
+        "crop_flip_reflect" (with the image's mirrored border)."""
         if any(term.views == 2 for term in terms):
             return simclr_views(x, augment, *self.normalization)
         if augment is None:
             return x, None
         mean, std = self.normalization or (None, None)
         black = None if mean is None else [-m / sd for m, sd in zip(mean, std, strict=True)]
-        return random_crop_flip(x, augment, fill=black), None
+        return random_crop_flip(x, augment, fill=black, reflect=self.cfg.augment == "crop_flip_reflect"), None
 
     def train(self, model: nn.Module, client, round: int, terms=(), epochs: range | None = None) -> dict[str, float]:
         """E local epochs of minibatch training on the client's data (`batch_loss` each batch); returns

@@ -179,3 +179,14 @@ def test_simclr_views_match_an_image_by_image_reference(channels, h, w):
 def test_crop_flip_pads_by_four_by_default():
     x = _distinct(32)
     assert torch.equal(random_crop_flip(x, _gen(12)), random_crop_flip(x, _gen(12), padding=4))
+
+
+def test_crop_flip_can_pad_by_reflecting_the_border():
+    """FedMA's authors pad CIFAR-10 by reflection (F.pad(..., mode="reflect")) before cropping."""
+    x = _distinct(64, side=8)
+    out = random_crop_flip(x, _gen(6), padding=2, reflect=True)
+    reflected = F.pad(x, (2, 2, 2, 2), mode="reflect")
+    for i in range(len(x)):
+        windows = [reflected[i, :, dy:dy + 8, dx:dx + 8] for dy in range(5) for dx in range(5)]
+        assert any(torch.equal(out[i], w) or torch.equal(out[i], w.flip(-1)) for w in windows)
+    assert set(out.unique().tolist()) <= set(x.unique().tolist())              # no value from outside the image

@@ -152,8 +152,11 @@ def test_bf16_trains_through_bfloat16_matmuls_with_fp32_weights():
 def test_crop_flip_pads_normalised_images_with_black_pixels():
     """train.augment = "crop_flip" as torchvision's RandomCrop(padding=4) before Normalize: the padding
     is pixel 0, which the data's normalisation maps to -mean / std per channel."""
-    trainer = LocalTrainer(TrainConfig(augment="crop_flip"), seed=0, normalization=((0.5, 0.25), (0.25, 0.5)))
+    stats = ((0.5, 0.25), (0.25, 0.5))
+    trainer = LocalTrainer(TrainConfig(augment="crop_flip"), seed=0, normalization=stats)
     x = torch.full((64, 2, 8, 8), 3.0)
     out, second = trainer.views(x, torch.Generator().manual_seed(1), terms=())
     assert second is None
     assert set(out[:, 0].unique().tolist()) == {3.0, -2.0} and set(out[:, 1].unique().tolist()) == {3.0, -0.5}
+    reflecting = LocalTrainer(TrainConfig(augment="crop_flip_reflect"), seed=0, normalization=stats)
+    assert set(reflecting.views(x, torch.Generator().manual_seed(1), terms=())[0].unique().tolist()) == {3.0}
