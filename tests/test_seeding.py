@@ -84,3 +84,11 @@ def test_golden_generator_streams():
     assert numpy_rng(0, "batches", 2, 5).integers(0, 100, 5).tolist() == [85, 0, 69, 66, 11]
     assert torch_seed(0, "init") == 7518656201426917601
     assert torch.randint(0, 100, (5,), generator=torch_generator(0, "batches", 2, 5)).tolist() == [97, 84, 45, 78, 33]
+
+
+def test_a_trailing_zero_key_names_the_stream_without_it_as_documented():
+    """SeedSequence pads entropy with zeros (hpcfl.seeding's docstring): a change here would move every
+    stream, so it is pinned rather than fixed."""
+    from hpcfl.seeding import torch_seed
+
+    assert torch_seed(5, "init") == torch_seed(5, "init", 0) != torch_seed(5, "init", 1)
