@@ -124,8 +124,8 @@ def test_a_run_still_running_draws_no_line_and_cuts_no_group_short(tmp_path, cap
 
 def test_a_figure_goes_into_a_new_folder_and_a_suffix_matplotlib_cannot_write_is_an_error(tmp_path, capsys):
     path = _write(tmp_path, "fedavg", 0.1, 0, [0.2, 0.5])
-    assert main(["partition", str(path), "--out", str(tmp_path / "figs" / "p.png")]) == 0
-    assert (tmp_path / "figs" / "p.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["partition", str(path), "--out", str(tmp_path / "figs" / "beta0.1" / "p.png")]) == 0
+    assert (tmp_path / "figs" / "beta0.1" / "p.png").read_bytes().startswith(b"\x89PNG")
     assert main(["curves", str(path), "--out", str(tmp_path / "more" / "c.svg")]) == 0
     assert (tmp_path / "more" / "c.svg").exists()
     for command, source in (("partition", path), ("curves", path)):
