@@ -197,7 +197,8 @@ def submit(args, count: int, launch_args: list[str], sbatch_args: list[str]) -> 
     array = f"--array=0-{count - 1}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
     command = ["sbatch", array, *sbatch_args, str(script), args.job, *launch_args]
     print(f"hpcfl: {count} points: {shlex.join(command)}", flush=True)
-    env = {**os.environ, "HPCFL_SLURM": str(script.resolve().parent)}     # where the script finds site.sh
+    # where the script finds site.sh: beside the script as named (a link to hpcfl's own keeps this folder's)
+    env = {**os.environ, "HPCFL_SLURM": str(script.absolute().parent)}
     try:
         return subprocess.run(command, env=env).returncode
     except FileNotFoundError:

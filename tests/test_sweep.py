@@ -184,7 +184,8 @@ def sbatch(tmp_path, monkeypatch):
     """A stand-in `sbatch` on PATH that records its arguments and exits with $FAKE_EXIT."""
     fake = tmp_path / "bin" / "sbatch"
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "called"}\nexit "${{FAKE_EXIT:-0}}"\n')
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "called"}\necho "$HPCFL_SLURM" > {tmp_path / "hpcfl_slurm"}\n'
+                    'exit "${FAKE_EXIT:-0}"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     return tmp_path / "called"
@@ -209,6 +210,16 @@ def test_submit_takes_the_script_from_hpcfl_slurm_then_slurm_here_and_returns_sb
     monkeypatch.delenv("FAKE_EXIT")
     assert main([str(job), "--submit"]) == 0                                     # the one hpcfl ships
     assert sbatch.read_text().split()[1] == str(TEMPLATES / "slurm" / "sweep.sbatch")
+
+
+def test_a_linked_batch_script_finds_site_sh_in_its_own_folder(job, tmp_path, sbatch, monkeypatch):
+    """slurm/sweep.sbatch may be a link to hpcfl's own; slurm/site.sh beside the link is this site's."""
+    here = tmp_path / "work" / "slurm"
+    here.mkdir(parents=True)
+    (here / "sweep.sbatch").symlink_to(TEMPLATES / "slurm" / "sweep.sbatch")
+    monkeypatch.chdir(here.parent)
+    assert main([str(job), "--submit"]) == 0
+    assert (tmp_path / "hpcfl_slurm").read_text().strip() == str(here)
 
 
 def test_submit_refuses_a_negative_limit_and_says_where_sbatch_is_missing(job, tmp_path, capsys, monkeypatch):
