@@ -488,3 +488,42 @@ def test_counts_of_rounds_and_bytes_must_be_above_zero(folder, capsys, args):
     with pytest.raises(SystemExit) as stop:
         main([args[0], str(folder), *args[1:]])
     assert stop.value.code == 2 and "must be above 0" in capsys.readouterr().err
+
+
+def test_a_client_metrics_round_mean_is_over_the_clients_measured_that_round():
+    from hpcfl.analysis.tables import round_means
+
+    values = np.array([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [2.0, 4.0, np.nan], [0.5, 0.5, 0.5]])
+    np.testing.assert_array_equal(round_means({"client/x": values}, "client/x"), [2.0, np.nan, 3.0, 0.5])
+    per_round = np.array([0.1, 0.2])
+    assert round_means({"round/x": per_round}, "round/x") is per_round and round_means({}, "round/x") is None
+
+
+def test_a_selection_picks_among_the_rounds_its_metric_has_and_says_what_it_selects_on():
+    from hpcfl.analysis.tables import chosen_rounds, selection_rule
+
+    series = {"round/test_acc": np.array([0.1, 0.2, 0.3, 0.4, 0.9]),       # the key stops after round 3
+              "client/local_test_loss": np.array([[0.9, 0.7], [np.nan, np.nan], [0.6, 0.8], [0.2, np.nan]])}
+    rule = ("client/local_test_loss", "min")
+    assert chosen_rounds(series, "selected", "round/test_acc", select=rule).tolist() == [3]    # 0.2, not round 1
+    series["client/local_test_loss"][3] = np.nan                                             # then 0.7 (round 2)
+    assert chosen_rounds(series, "selected", "round/test_acc", select=rule).tolist() == [2]
+    assert chosen_rounds(series, "selected", "round/test_acc", select=("client/local_test_loss", "max")).tolist() == [0]
+    assert selection_rule(rule) == ("selected: at the round of the min of client/local_test_loss: a selection on "
+                                    "test data, optimistic")
+    assert selection_rule(("round/val_acc", "max")) == "selected: at the round of the max of round/val_acc"
+    with pytest.raises(ValueError, match="needs the round's rule"):
+        statistic(series, "selected", "round/test_acc")
+    twelve = {"round/test_acc": np.arange(12.0)}
+    assert chosen_rounds(twelve, "last", "round/test_acc").tolist() == list(range(2, 12))       # 10 by default
+
+
+def test_ungrouped_tables_and_a_missing_key_rendered_as_missing(folder):
+    results = load([folder], metrics=("client_class/forgetting",),
+                   prefixes=("round/phase_s/", "rank/", "round/bytes_"))
+    assert len(forgetting(results, [])) == 1 and len(time_and_bytes(results, [])) == 1    # one group of every run
+    table = summary(load([folder]), ["algorithm.name"])
+    assert table.attrs["legend"] == "round/test_acc: mean ± population std (ddof 0) over each group's completed runs"
+    _write(folder, "fedavg", 0.1, 7, [0.5, 0.5], train={"mu": 0.1})     # the only run with train.mu
+    lines = render(summary(load([folder]), ["train.mu"]), "md").splitlines()
+    assert lines[2].startswith("| 0.1000 | 1 |") and lines[3].startswith("| (missing) | 5 |")
