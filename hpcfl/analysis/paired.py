@@ -84,6 +84,25 @@ def verdict(low: float, high: float, null: float, higher_is_better: bool) -> str
     return "better" if (low > null) == higher_is_better else "worse"
 
 
+def _test_noise(results: Results, figure: tuple, pairs, mine: pd.DataFrame, base: pd.DataFrame) -> tuple[tuple, dict]:
+    """The test set's terms of the interval for `pairs` (`_test_terms`), and the `test_se` column: none
+    for the rounds statistic or a metric without per-example bits; "not recorded" when a run lacks them."""
+    stat, metric = figure[:2]
+    if stat == "rounds" or metric not in BITS:
+        return (), {}
+    found = _test_terms(results, figure, pairs, mine.loc[pairs, "path"], base.loc[pairs, "path"])
+    return found or (), {"test_se": "not recorded" if found is None else float(np.sqrt(sum(v for v, _ in found)))}
+
+
+def _counts(mine_done, base_done, kept: np.ndarray, unfinished: bool, stat: str) -> dict:
+    """n, the pairs with an effect, and beside it what it leaves out: the pairs an unfinished run
+    spoils (when any run is unfinished) and, for the rounds statistic, the completed pairs in which a
+    run never reached the target."""
+    done = mine_done.to_numpy() & base_done.to_numpy()
+    return {"n": int(kept.sum()), **({"unfinished": int((~done).sum())} if unfinished else {}),
+            **({"not_reached": int((done & ~kept).sum())} if stat == "rounds" else {})}
+
+
 def compare(results: Results, baseline: dict, stat: str = "final", metric: str = "round/test_acc",
             last: int = 10, target: float | None = None, by: list[str] | None = None,
             select: tuple[str, str] | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -132,19 +151,11 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
             a, b = mine.loc[shared, "#value"].to_numpy(float), base.loc[shared, "#value"].to_numpy(float)
             effects = b / a if stat == "rounds" else a - b
             kept = np.isfinite(effects)
-            terms, noise = (), {}
-            if stat != "rounds" and metric in BITS:
-                found = _test_terms(results, (stat, metric, last, select), shared[kept],
-                                    mine.loc[shared[kept], "path"], base.loc[shared[kept], "path"])
-                terms = found or ()
-                noise = {"test_se": "not recorded" if found is None else float(np.sqrt(sum(v for v, _ in found)))}
+            terms, noise = _test_noise(results, (stat, metric, last, select), shared[kept], mine, base)
             mean, std, low, high = interval(effects[kept], terms)
-            both_done = mine.loc[shared, "#done"].to_numpy() & base.loc[shared, "#done"].to_numpy()
-            rows.append({**dict(zip(groups, values, strict=True)), key: arm, "n": int(kept.sum()),
-                         **({"unfinished": int((~both_done).sum())} if unfinished else {}),
-                         **({"not_reached": int((both_done & ~kept).sum())} if stat == "rounds" else {}),
-                         "effect_mean": mean, "effect_std": std,
-                         **noise, "ci95_low": low, "ci95_high": high,
+            rows.append({**dict(zip(groups, values, strict=True)), key: arm,
+                         **_counts(mine.loc[shared, "#done"], base.loc[shared, "#done"], kept, unfinished, stat),
+                         "effect_mean": mean, "effect_std": std, **noise, "ci95_low": low, "ci95_high": high,
                          "verdict": verdict(low, high, null, higher_is_better)})
         unpaired += [p for i, p in zip(base.index, base["path"], strict=True) if i not in partnered]
     table = pd.DataFrame(rows)
