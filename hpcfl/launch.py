@@ -133,9 +133,10 @@ def _abort(transport, err: BaseException) -> None:
 
 
 def _refuse(err: HpcflError):
-    """This rank could not read its job, before MPI started: its peers that could wait for it in set-up's
-    check (MPICH's mpiexec does not end a job whose rank exits before MPI_Init), so it starts MPI and
-    fails that check with them (hpcfl.runtime.build.refuse). (transport, the error to report)."""
+    """This rank could not read its job, before MPI started. Its peers may already wait for it in
+    set-up's check (MPICH's mpiexec does not end a job whose rank exits before MPI_Init), so it starts
+    MPI and fails that check with them (hpcfl.runtime.build.refuse). Returns (transport, the error to
+    report)."""
     from hpcfl.runtime.build import SetupFailed, refuse
 
     try:
@@ -245,7 +246,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         except PeerTimeout as err:            # a rank is stuck in set-up: only an abort ends it
             _abort(transport, err)
         except HpcflError as err:
-            if transport is None and _launched():   # the job could not be read here: ranks that could wait for us
+            if transport is None and _launched():   # the job could not be read here; other ranks may wait for us
                 transport, err = _refuse(err)
             if transport is None or transport.is_server:
                 sys.stderr.write(f"hpcfl: error: {err}\n")
