@@ -161,9 +161,11 @@ class Algorithm:
             raise ConfigError(f"algorithm '{cls.name}' shares whole models, so every client needs the same one: "
                               f"model.architectures = {list(job.architectures)} needs an algorithm for "
                               "heterogeneous clients (fedclassavg, fedproto, local_only, ensemble)")
-        matching = matching_terms(job.algorithm.terms)
+        own = [cls.term.name] if cls.term else []           # a preset's own term (FedFM's fm_cg) counts too
+        matching = matching_terms(dict.fromkeys([*own, *job.algorithm.terms]))
         if len(matching) > 1:
-            raise ConfigError(f"algorithm.terms has {matching}: use one feature-matching term")
+            brings = f" (algorithm '{cls.name}' brings '{own[0]}' itself)" if own and own[0] in matching else ""
+            raise ConfigError(f"algorithm.terms has {matching}: use one feature-matching term{brings}")
         if job.run.placement == "per_round" and not cls.moves_clients(job):
             raise ConfigError(f"run.placement = 'per_round' deals each round's clients to any worker, but with "
                               f"algorithm '{cls.name}' (its terms, model.batchnorm) clients keep state from "

@@ -1,4 +1,4 @@
-"""FedKA's t-CNN (Yang et al., appendix A.1): "two convolutional layers with 32 and 64 filters,
+"""FedKA's t-CNN (Chen, Zhu & Zheng, ACM MM 2023, appendix A.1): "two convolutional layers with 32 and 64 filters,
 respectively, followed by ReLU activation functions and max-pooling operations. The kernel size of the
 max-pooling layer is 2. The output is then flattened and fed into a fully connected layer with 512
 neurons followed by the ReLU activation. The final layer is also a linear layer with the number of

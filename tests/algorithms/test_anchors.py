@@ -138,3 +138,16 @@ def test_the_anchor_phase_wraps_fedfm_round_by_round_against_hand_computed_ancho
     model_up = {**state["model"], "w": torch.tensor(3.0), WEIGHT: ONE}
     algo.aggregate(train, 1, state, {"model": sums(train.uplink["model"], (model_up, 2.0))})
     assert float(state["model"]["w"]) == 3.0 and state[ANCHORS]["anchors"].flatten().tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("name", ["fedfm", "fedfm_lite"])
+def test_a_preset_that_brings_its_own_matching_term_refuses_another(name):
+    """fedfm with algorithm.terms = ["fm_l2"] trained with both losses, and the second's start round
+    could come before the anchors it reads."""
+    from hpcfl.errors import ConfigError
+    from hpcfl.jobs import job_from_dict
+
+    with pytest.raises(ConfigError, match=rf"has \['fm_cg', 'fm_l2'\]: use one feature-matching term \(algorithm "
+                                          rf"'{name}' brings 'fm_cg' itself\)"):
+        job_from_dict({"algorithm": {"name": name, "terms": ["fm_l2"]}})
+    job_from_dict({"algorithm": {"name": "fedavg", "terms": ["fm_l2"]}})          # one term: fine
