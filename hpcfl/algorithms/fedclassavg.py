@@ -14,8 +14,11 @@ the two augmented views kept, so that it differs from the full method in the con
 and its cross-entropy sees the same augmented view (ours; the paper does not say).
 
 `share = "all"` is the homogeneous scenario of Table 3 ("+weight"): the whole model is averaged,
-the proximal term still on the classifier only. Defaults follow the paper: Table 1's CIFAR-10 rho,
-the standard SupCon (normalised features, temperature 0.07), no warm-up.
+the proximal term still on the classifier only. Defaults: Table 1's CIFAR-10 rho and no warm-up (the
+paper's); every client its own initialisation (`init = "independent"`: Algorithm 1 initialises
+each w_k^0, and the authors' `define_model` builds each client's model anew; "shared" starts every
+client of an architecture from one model); the standard SupCon, on normalised features at
+temperature 0.07 (ours: the paper gives neither).
 
 The authors' code (hukla/FedClassAvg, `heteropfl_utils.train_cl`, `supcon_utils.define_model`)
 differs, and jobs/fedclassavg follow it: SupCon at temperature 100 with base temperature 0.07 (the
@@ -37,6 +40,7 @@ import copy
 from dataclasses import dataclass
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted, weighted_mean
+from hpcfl.algorithms.initial import InitParams
 from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
 from hpcfl.seeding import torch_seed
@@ -51,7 +55,8 @@ class FedClassAvg(Personal):
     traits = Personal.traits
 
     @dataclass(frozen=True)
-    class Params:
+    class Params(InitParams):
+        init: str = "independent"         # each client's own w_k^0 (Alg. 1; the authors build each model anew)
         rho: float = 0.1                  # the classifier-only proximal term's weight (eq. 5)
         temperature: float = 0.07         # SupCon's tau (the authors' code: 100)
         base_temperature: float = 0.07    # SupCon is scaled by temperature / base_temperature
@@ -61,6 +66,7 @@ class FedClassAvg(Personal):
         supcon_weight: float = 1.0        # 0: Table 4's CA + PR, no contrastive loss (still two augmented views)
 
         def __post_init__(self):
+            super().__post_init__()
             if self.share not in ("classifier", "all"):
                 raise ValueError(f"share = {self.share!r}; choose 'classifier' or 'all'")
             if not self.supcon_weight >= 0:

@@ -10,11 +10,20 @@ model. The server's prototype of class j is the count-weighted mean over the cli
 (eq. 6), which is the anchor-aggregation collective of FedFM (hpcfl.algorithms.anchors): one sum-reduction,
 and a class nobody sent keeps its prototype. Accuracy is the client's own model (feature extractor +
 classifier) on its local test set; the authors also report nearest-prototype inference, not done here.
+Each client starts from its own initialisation (`init = "independent"`, hpcfl.algorithms.personal).
+
+Ours, where the authors' code (yuetan031/FedProto) differs: their `proto_aggregation` takes the
+plain mean of the clients' prototypes of a class, not the count-weighted one; they collect a client's
+prototypes during its last local epoch, in training mode, where we take them from the trained model
+in eval mode over all its training data; and their MSELoss divides by the batch's size times d with
+zero rows for classes without a prototype, where we divide by the samples that have one (so their
+lambda is weaker while some classes have none).
 """
 from dataclasses import dataclass
 
 from hpcfl.algorithms.anchors import ANCHORS, anchor_layouts, initial_anchors, local_anchors, update_anchors
 from hpcfl.algorithms.base import Phase
+from hpcfl.algorithms.initial import InitParams
 from hpcfl.algorithms.personal import Personal
 from hpcfl.terms import Term
 
@@ -39,8 +48,12 @@ class PrototypeDistance(Term):
 
 class FedProto(Personal):
     """FedProto (Tan et al., AAAI 2022): personal models; class prototypes are averaged and pulled towards."""
-    name, Params = "fedproto", PrototypeDistance.Params
+    name = "fedproto"
     traits = Personal.traits
+
+    @dataclass(frozen=True)
+    class Params(InitParams, PrototypeDistance.Params):
+        init: str = "independent"         # the authors' code builds each client's model anew
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, weighted, weighted_mean
-from hpcfl.algorithms.initial import InitParams, independent_init
+from hpcfl.algorithms.initial import InitParams
 from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
 from hpcfl.models.evaluation import predict_proba, summarize
@@ -32,12 +32,6 @@ class LocalOnly(Personal):
     """Local training only: no communication; each client continues from its own model (personalised accuracy)."""
     name, Params = "local_only", InitParams
     traits = Personal.traits
-
-    def init_client_state(self, client, initial_model):
-        shared = super().init_client_state(client, initial_model)
-        if self.params.init == "shared":
-            return shared
-        return {"model": independent_init(initial_model, self.setup.job.run.seed, client.id)}
 
     def plan(self, round):
         return [Phase("train")]

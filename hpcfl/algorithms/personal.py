@@ -1,13 +1,17 @@
 """Personalised algorithms: every client keeps its own whole model (local-only, the ensemble,
 FedClassAvg, FedProto), so clients may have different architectures (`model.architectures`).
 
-A client's model is its persistent state, owned by "model", on its worker (on the CPU between rounds),
-from the first round it trains; until then it is the initial model of its architecture, one shared
-copy per architecture and worker. There is no single global model: accuracy is personalised, each
-trained client's model on its own held-out data, so the job needs data.local_test_ratio or
-data.validation_fraction.
+A client's model is its persistent state, owned by "model", on its worker (on the CPU between rounds).
+Where it starts is `init` (hpcfl.algorithms.initial): "independent", its own initialisation, held
+as its state from set-up on; "shared", the run's initial model of its architecture (one shared copy
+per architecture and worker) until it first trains. FedClassAvg (Algorithm 1 initialises each
+client's w_k^0) and FedProto start independent by default, as their authors' code builds each
+client's model anew; local-only and the ensemble start shared (FedMA's baselines: set "independent").
+There is no single global model: accuracy is personalised, each trained client's model on its own
+held-out data, so the job needs data.local_test_ratio or data.validation_fraction.
 """
 from hpcfl.algorithms.base import Algorithm, Tensors, Traits
+from hpcfl.algorithms.initial import independent_init
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
 from hpcfl.terms import matching_terms
@@ -36,6 +40,8 @@ class Personal(Algorithm):
         return None
 
     def init_client_state(self, client, initial_model):
+        if getattr(self.params, "init", "shared") == "independent":
+            return {"model": independent_init(initial_model, self.setup.job.run.seed, client.id)}
         if client.architecture not in self.initial:
             self.initial[client.architecture] = {k: v.detach().clone().cpu()
                                                  for k, v in initial_model.state_dict().items()}

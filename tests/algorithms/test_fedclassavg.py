@@ -138,7 +138,7 @@ def test_two_view_terms_get_both_views_and_the_task_loss_the_first():
 
 
 def test_fedproto_trains_towards_the_global_prototypes_and_sends_class_sums():
-    algo = make("fedproto", Tiny(), {"weight": 2.0})
+    algo = make("fedproto", Tiny(), {"weight": 2.0, "init": "shared"})       # the client starts from Tiny(1.0)
     server = algo.init_server_state(Tiny())
     phase = algo.plan(0)[0]
     me = client(0, samples=3)
@@ -224,7 +224,7 @@ def _by_hand(initial, classifier, me, normalization, rounds):
 
 
 def test_warm_up_runs_once_per_client_keyed_by_the_client_and_uploads_nothing():
-    algo = make("fedclassavg", _net(0), {**AUTHORS, "warmup_epochs": 1}, num_clients=4, train=TRAIN)
+    algo = make("fedclassavg", _net(0), {**AUTHORS, "warmup_epochs": 1, "init": "shared"}, num_clients=4, train=TRAIN)
     initial = {k: v.clone() for k, v in _net(0).state_dict().items()}
     server = algo.init_server_state(_net(5))            # a global classifier unlike the clients' initial one
     classifier = {n: server["model"][n].clone() for n in ("classifier.weight", "classifier.bias")}
@@ -245,7 +245,7 @@ def test_warm_up_runs_once_per_client_keyed_by_the_client_and_uploads_nothing():
     assert all(torch.equal(sent[n], expected[n]) for n in classifier)       # the round's classifier, no warm-up's
     once = _by_hand(initial, classifier, me, normalization, rounds=(3,))
     assert not torch.equal(once["classifier.weight"], expected["classifier.weight"])     # round 6 trained on
-    plain = make("fedclassavg", _net(0), AUTHORS, num_clients=4, train=TRAIN)
+    plain = make("fedclassavg", _net(0), {**AUTHORS, "init": "shared"}, num_clients=4, train=TRAIN)
     me, normalization = _digits_client(2, 96)
     plain.init_client_state(me, _net(0))
     plain.client_update(phase, 3, me, plain.downlink(phase, 3, server), _net(9), trainer)
@@ -305,7 +305,7 @@ def test_fedclassavg_defaults_and_rules_name_their_keys():
 
 
 def test_fedproto_skips_classes_without_a_prototype_keeps_each_clients_model_and_checks_its_params():
-    algo = make("fedproto", Tiny(), {}, algorithm={"name": "fedproto", "terms": ["prox"]})
+    algo = make("fedproto", Tiny(), {"init": "shared"}, algorithm={"name": "fedproto", "terms": ["prox"]})
     assert algo.params.weight == 1.0 and [t.name for t in algo.terms] == ["proto", "prox"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         algo.params.weight = 2.0
@@ -343,3 +343,21 @@ def test_personalised_algorithms_refuse_feature_matching_by_name_or_import_path(
     with pytest.raises(ConfigError, match=r"no global model to compute FedFM's anchors with: drop \["):
         job_from_dict({"algorithm": {"name": "local_only", "terms": [term]},
                        "data": {"num_clients": 4, "local_test_ratio": 0.3}, "train": {"clients_per_round": 2}})
+
+
+@pytest.mark.parametrize("name", ["fedclassavg", "fedproto"])
+def test_each_client_starts_from_its_own_initialisation_unless_shared(name):
+    """FedClassAvg's Algorithm 1 initialises each client's w_k^0, and both authors' codes build each
+    client's model anew: clients of one architecture must not start alike."""
+    from hpcfl.algorithms.initial import independent_init
+
+    net = build_model("fmnist_cnn", (1, 8, 8), 2)
+    algo = make(name, net, {})
+    first, second = algo.init_client_state(client(0), net)["model"], algo.init_client_state(client(1), net)["model"]
+    own = independent_init(net, algo.setup.job.run.seed, 0)
+    assert algo.params.init == "independent" and all(torch.equal(first[k], own[k]) for k in own)
+    assert not torch.equal(first["classifier.weight"], second["classifier.weight"])
+    assert not torch.equal(first["classifier.weight"], net.state_dict()["classifier.weight"])
+    shared = make(name, net, {"init": "shared"})
+    assert shared.init_client_state(client(0), net) == {}                 # the architecture's one model, then
+    assert make("local_only", net, {}).params.init == "shared"
