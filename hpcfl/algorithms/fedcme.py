@@ -8,7 +8,7 @@ of least similarity; an odd client out trains without exchange) and sends the mo
 features and the pairing; clients train floor(E/2) epochs. `swap`: partners exchange classifiers,
 w(theta_k, phi_j) and w(theta_j, phi_k), through the transport's exchange (in memory on one
 worker, point to point across ranks). `second`: clients finish the E epochs and send their model
-(FedAvg, eq. 11 of FedAvg by |D_k|), their local features and their evaluation vector.
+(FedAvg by |D_k|, eq. 3), their local features and their evaluation vector.
 
 - Feature alignment (eq. 9-10): per batch, mu * sum over the batch's classes of ||class-mean feature
   - global feature||^2; classes without a global feature yet are not aligned (ours: at round 0 no
@@ -21,7 +21,8 @@ worker, point to point across ranks). `second`: clients finish the E epochs and 
   data (drawn per seed, round and client; classes absent there count 0). A client never evaluated
   yet has the all-ones vector (ours: "no information"), and ties in the matching go to the earlier
   client of the sorted order.
-- The optimizer is rebuilt at the swap (ours; the paper's plain SGD, momentum 0, makes this exact).
+- The optimizer is rebuilt at the swap (ours): exact for the paper's plain SGD; with momentum or Adam
+  their state starts again at the swap, halfway through the local epochs.
 - Ablations (section V-B): `exchange = "none"` with mu > 0 is FedCME-OL, mu = 0 is FedCME-OE;
   `matching = "many_to_one"` lets each client take the classifier of its least similar client even
   if another took it too (FedCME-MTO); `exchange = "model"` / `"features"` swap the whole model or the

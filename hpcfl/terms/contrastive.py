@@ -2,8 +2,10 @@
 
 - `moon`   MOON, Li, He & Song, CVPR 2021, eq. (2)-(3): mu * -log(e^{sim(z,z_glob)/T} /
            (e^{sim(z,z_glob)/T} + e^{sim(z,z_prev)/T})), cosine similarity; z_prev from the client's model
-           at the end of its previous participation (the reference model at its first, as in the authors'
-           code, which starts the model pool from the global model). z is the output of the projection
+           at the end of its previous participation; at its first, the model it received (ours: the term
+           then has no gradient, as in the authors' round 0, whose model pool is empty, but reports
+           mu log 2 where theirs reports 0; their later pool holds every client's net, for a client not
+           yet sampled not the global model). z is the output of the projection
            head of section 3.1, as in the authors' code (QinbinLi/MOON, `ModelFedCon`): features h ->
            Linear(d, d) -> ReLU -> Linear(d, projection) = z, and the classifier reads z (Linear(projection,
            C)). `projection` = 256 (their out_dim) by default; 0: no head, z = h.

@@ -2,12 +2,14 @@
 
 - `fedrs`  FedRS, Li & Zhan, KDD 2021, restricted softmax: logits of class c scaled by
            s_c = alpha + (1 - alpha) * n_c / max_c' n_c', as in the authors' code (lxcnju/FedRepo): a
-           class the client lacks gets alpha, its most frequent class 1. The paper's logit is w_c^T h, with
-           no bias. `bias` says what happens to the classifier's bias b_c: "scale" (default, ours):
-           s_c (w_c^T h + b_c), the paper's rule with the bias read as a weight on a constant feature;
-           "drop": s_c w_c^T h, the bias left out of the local logits, as the authors' code does (it
-           multiplies h W^T by s and adds no bias; the bias gets no gradient from the task loss, and the
-           evaluated model still adds it); "keep": s_c w_c^T h + b_c, only w^T h restricted.
+           class the client lacks gets alpha, its most frequent class 1 (the scaling of the classes a
+           client holds by their counts is the code's; the paper restricts the classes it lacks). The
+           paper's logit is w_c^T h, with no bias. `bias` says what happens to the classifier's bias
+           b_c: "scale" (default, ours): s_c (w_c^T h + b_c), the paper's rule with the bias read as a
+           weight on a constant feature; "drop": s_c w_c^T h, the bias left out of the local logits, as
+           the authors' code does (it multiplies h W^T by s and adds no bias; the bias gets no gradient
+           from the task loss, and the evaluated model still adds it); "keep": s_c w_c^T h + b_c, only
+           w^T h restricted.
 - `ntd`    FedNTD, Lee et al., NeurIPS 2022, eq. (4)-(5): beta * KL(q_glob || q_local) over the not-true
            classes, both softmaxes at temperature tau, averaged over the batch, with no tau^2 factor, as
            in the authors' NTD_Loss (Lee-Gihun/FedNTD); defaults beta = 1, tau = 1 as in the paper's
@@ -49,13 +51,14 @@ from hpcfl.terms.base import Frozen, Term
 
 
 class RestrictedSoftmax(Term):
-    """FedRS's restricted softmax: the logits of classes the client lacks are scaled by alpha."""
+    """FedRS's restricted softmax: each class's logit scaled by alpha + (1 - alpha) n_c / max n (a class
+    the client lacks: alpha; its most frequent: 1)."""
     batchable = True
     name = "fedrs"
 
     @dataclass(frozen=True)
     class Params:
-        alpha: float = 0.5            # the scale of the logits of classes the client does not hold
+        alpha: float = 0.5            # the scale of a class the client does not hold (others: up to 1 by count)
         bias: str = "scale"           # scale: s (w^T h + b) | drop: s w^T h (the authors' code) | keep: s w^T h + b
 
         def __post_init__(self):
