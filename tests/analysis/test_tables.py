@@ -231,6 +231,10 @@ def test_compare_pairs_seeds_and_gives_the_t_interval_and_a_verdict(tmp_path):
     assert rows["moon"]["verdict"] == "inconclusive" and rows["moon"]["effect_mean"] == pytest.approx(0.01)
     # unpaired, the same fedprox numbers could not be told from fedavg: pairing is what resolves them
     assert np.std([0.50, 0.60, 0.55, 0.70, 0.65], ddof=1) > 5 * fedprox["effect_std"]
+    assert table.attrs["legend"].startswith("effect: mean ± sample std (ddof 1) over the pairs of seeds of arm - "
+                                            "baseline; ci95:")
+    named, _ = compare(load([tmp_path]), {"algorithm.name": "fedavg"}, by=["algorithm.name"])
+    assert named.to_dict("records") == table.to_dict("records")        # the baseline key is never a group key
 
 
 def test_compare_pairs_only_runs_of_the_same_split_and_ignores_keys_that_cannot_change_results(tmp_path):
