@@ -497,8 +497,9 @@ def test_counts_of_rounds_and_bytes_must_be_above_zero(folder, capsys, args):
 def test_a_client_metrics_round_mean_is_over_the_clients_measured_that_round():
     from hpcfl.analysis.tables import round_means
 
-    values = np.array([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [2.0, 4.0, np.nan], [0.5, 0.5, 0.5]])
-    np.testing.assert_array_equal(round_means({"client/x": values}, "client/x"), [2.0, np.nan, 3.0, 0.5])
+    values = np.array([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [2.0, 4.0, np.nan], [0.5, 0.5, 0.5],
+                       [np.nan, 0.7, np.nan]])
+    np.testing.assert_array_equal(round_means({"client/x": values}, "client/x"), [2.0, np.nan, 3.0, 0.5, 0.7])
     per_round = np.array([0.1, 0.2])
     assert round_means({"round/x": per_round}, "round/x") is per_round and round_means({}, "round/x") is None
 
