@@ -394,7 +394,7 @@ def _check_parts(scheme: str, parts: list[np.ndarray], num_clients: int, num_sam
     elif any(part.ndim != 1 or not (part.size == 0 or np.issubdtype(part.dtype, np.integer)) for part in parts):
         problem = "an index array that is not one-dimensional integers"
     else:
-        held = np.concatenate([part.astype(np.int64) for part in parts]) if parts else np.zeros(0, np.int64)
+        held = np.concatenate([part.astype(np.int64) for part in parts])     # num_clients >= 1: some part
         if held.size and (held.min() < 0 or held.max() >= num_samples):
             problem = f"an index outside 0..{num_samples - 1}"
         elif held.size != np.unique(held).size:

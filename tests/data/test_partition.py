@@ -737,3 +737,16 @@ def test_a_jobs_split_indexes_the_training_set_through_its_subset():
     within = partition(LABELS[pool], 4, "dirichlet", {"beta": 0.5}, 3)
     np.testing.assert_array_equal(count_matrix(LABELS, parts, 10), count_matrix(LABELS[pool], within, 10))
     assert all((np.diff(p) > 0).all() for p in parts)
+
+
+def test_an_empty_part_of_any_dtype_is_a_client_with_no_samples_and_nothing_is_dealt_from_no_labels():
+    """np.array([]) is float64: an empty part is still a valid (empty) index array; and with no labels
+    at all there is nothing to deal."""
+    from hpcfl.data.partition import _check_parts, _deal, check_scheme
+
+    _check_parts("plugin", [np.array([]), np.array([0, 1])], 2, 2)
+    with pytest.raises(DataError, match="not one-dimensional integers"):
+        _check_parts("plugin", [np.array([0.0]), np.array([1])], 2, 2)
+    dealt = _deal(np.zeros(0, np.int64), np.zeros((0, 2), np.int64), np.random.default_rng(0))
+    assert [p.size for p in dealt] == [0, 0]
+    assert check_scheme(max) == "<built-in function max> is not a partition scheme (a function)"   # no signature
