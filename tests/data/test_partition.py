@@ -750,3 +750,40 @@ def test_an_empty_part_of_any_dtype_is_a_client_with_no_samples_and_nothing_is_d
     dealt = _deal(np.zeros(0, np.int64), np.zeros((0, 2), np.int64), np.random.default_rng(0))
     assert [p.size for p in dealt] == [0, 0]
     assert check_scheme(max) == "<built-in function max> is not a partition scheme (a function)"   # no signature
+
+
+def test_class_categories_of_many_clients_take_each_clients_own_shares():
+    from hpcfl.data.splits import class_categories
+
+    dominant, non_dominant, missing = class_categories([[8, 2, 0], [1, 1, 18]], 0.5)
+    assert dominant.tolist() == [[True, False, False], [False, False, True]]
+    assert non_dominant.tolist() == [[False, True, False], [True, True, False]]
+    assert missing.tolist() == [[False, False, True], [False, False, False]]
+
+
+def test_a_training_subset_of_one_sample_from_a_list_of_labels():
+    assert training_subset([0, 1, 1, 0], 1, seed=0).size == 1
+    with pytest.raises(ConfigError, match="data.train_samples = 5: must be an integer in 1..4"):
+        training_subset([0, 1, 1, 0], 5, seed=0)
+
+
+def test_split_data_reads_the_data_root_and_draws_only_what_the_job_asks(tmp_path, monkeypatch):
+    """No validation: no training images for a rank that does not train, empty held-out sets, no local
+    test sets, no shared set; with them, each asked for."""
+    from data.test_cache import _write_mnist
+
+    from hpcfl.data.splits import split_data
+
+    monkeypatch.setenv("HPCFL_CACHE", "off")
+    _write_mnist(tmp_path / "data")                       # 20 training and 10 test images
+    data = {"dataset": "mnist", "num_clients": 2, "min_samples": 1, "partition": "iid"}
+    train = {"clients_per_round": 2}
+    split = split_data(job_from_dict({"data": data, "train": train}), str(tmp_path / "data"), train_images=False)
+    assert len(split.data.train_x) == 0 and split.shared is None and split.local_tests is None
+    assert [v.size for v in split.val_parts] == [0, 0] and sorted(np.concatenate(split.parts)) == list(range(20))
+    asked = job_from_dict({"data": {**data, "validation_fraction": 0.2}, "train": train})
+    split = split_data(asked, str(tmp_path / "data"), train_images=False)
+    assert len(split.data.train_x) == 20 and [v.size for v in split.val_parts] == [2, 2]     # the server validates
+    local = job_from_dict({"data": {**data, "dataset": "digits", "local_test_ratio": 0.5}, "train": train})
+    split = split_data(local, None, train_images=False)
+    assert [t.size for t in split.local_tests] == [(p.size + 1) // 2 for p in split.parts]      # half, rounded up
