@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +180,42 @@ def test_a_failed_rename_leaves_no_staged_file(cache, tmp_path, caplog):
     assert len(load_dataset("mnist", tmp_path / "data").train_x) == 20
     assert "HPCFL_CACHE" in caplog.text
     assert [p.name for p in cache.iterdir()] == [entry_path(cache, "mnist", sources).name]   # no .tmp left
+
+
+def test_the_mount_table_decides_by_the_longest_mount_point_above_the_folder(tmp_path):
+    table = tmp_path / "mounts"
+    table.write_text("rootfs / ext4 rw 0 0\nbroken-line\nserver:/home /home nfs rw 0 0\n"
+                     "/dev/sdb /home/me/scratch xfs rw 0 0\nserver:/x /home/me/scratch\\040data nfs rw 0 0\n")
+    assert node_local(Path("/home/me/scratch/cache"), table)              # xfs, under nfs's /home
+    assert not node_local(Path("/home/me/cache"), table)                  # nfs
+    assert not node_local(Path("/home/me/scratch data/c"), table)         # a mount point with a space: nfs
+    assert node_local(Path("/home"), table) is False and node_local(Path("/tmp/x"), table)
+    assert not node_local(Path("/tmp"), tmp_path / "no-such-table")
+
+
+def test_a_mapped_member_that_is_compressed_damaged_of_another_version_or_of_objects_is_refused(tmp_path):
+    from hpcfl.data.cache import _map_member, read_entry
+
+    pixels = np.arange(64, dtype=np.uint8).reshape(4, 4, 4)
+    stored = tmp_path / "stored.npz"
+    np.savez(stored, train_x=pixels, train_y=np.arange(4))
+    assert np.array_equal(_map_member(stored, "train_x.npy"), pixels)
+    np.savez_compressed(tmp_path / "zipped.npz", train_x=pixels)
+    with pytest.raises(ValueError, match="train_x.npy is compressed"):
+        _map_member(tmp_path / "zipped.npz", "train_x.npy")
+    raw = bytearray(stored.read_bytes())
+    bad_header = tmp_path / "header.npz"
+    bad_header.write_bytes(bytes(raw).replace(b"PK\x03\x04", b"PK\x03\x05", 1))     # the first member's local header
+    with pytest.raises(zipfile.BadZipFile, match="train_x.npy"):
+        _map_member(bad_header, "train_x.npy")
+    version = tmp_path / "version.npz"
+    version.write_bytes(bytes(raw).replace(b"\x93NUMPY\x01\x00", b"\x93NUMPY\x03\x00", 1))
+    with pytest.raises(ValueError, match=r"train_x.npy: .npy version \(3, 0\)"):
+        _map_member(version, "train_x.npy")
+    objects = np.empty(1, dtype=object)
+    objects[0] = {"not": "pixels"}
+    np.savez(tmp_path / "objects.npz", train_x=objects, train_y=np.arange(1))
+    with pytest.raises(ValueError, match="train_x.npy holds objects"):
+        _map_member(tmp_path / "objects.npz", "train_x.npy")
+    with pytest.raises(ValueError, match="allow_pickle"):                # read, not mapped: never unpickled
+        read_entry(tmp_path / "objects.npz", train_images=True, mapped=False)
