@@ -226,3 +226,8 @@ def test_the_authors_rule_reads_the_round_of_lowest_mean_client_test_loss(tmp_pa
     captured = capsys.readouterr()
     assert "| all | 1 | 0.5000 ± 0.0000 | 0.5833 ± 0.0000 | 1.0000 ± 0.0000 |" in captured.out
     assert captured.err.count("selection on test data") == 1
+
+
+def test_seeds_that_agree_with_a_test_set_term_of_no_variance_give_a_zero_width_interval():
+    """Nothing varies: no degrees of freedom to compute (0 / 0), and the interval is the point."""
+    assert interval(np.array([0.25, 0.25, 0.25]), [(0.0, 5)]) == (0.25, 0.0, 0.25, 0.25)
