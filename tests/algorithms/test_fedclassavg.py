@@ -361,3 +361,16 @@ def test_each_client_starts_from_its_own_initialisation_unless_shared(name):
     shared = make(name, net, {"init": "shared"})
     assert shared.init_client_state(client(0), net) == {}                 # the architecture's one model, then
     assert make("local_only", net, {}).params.init == "shared"
+
+
+def test_fedprotos_term_runs_batched_its_params_are_frozen_and_one_sample_one_feature_is_not_halved():
+    from hpcfl.algorithms.fedproto import PrototypeDistance
+
+    assert PrototypeDistance.batchable
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PrototypeDistance.Params().weight = 2.0
+    term = PrototypeDistance(PrototypeDistance.Params(weight=1.0))
+    prototypes = {"anchors": torch.tensor([[0.0], [1.0]]), "known": torch.tensor([1.0, 0.0])}   # class 0 only
+    term.start(None, client(0), 0, {ANCHORS: prototypes})
+    # one sample with a prototype, one feature: (3 - 0)^2 / (1 x 1)
+    assert term.loss(None, None, torch.tensor([0, 1]), torch.tensor([[3.0], [5.0]]), None).item() == pytest.approx(9.0)
