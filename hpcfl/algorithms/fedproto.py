@@ -53,7 +53,8 @@ class FedProto(Personal):
 
     @dataclass(frozen=True)
     class Params(InitParams, PrototypeDistance.Params):
-        init: str = "independent"         # the authors' code builds each client's model anew
+        init: str = "independent"         # the authors' code builds each client's model anew (their CIFAR
+                                          # ResNet-18s from ImageNet weights but for conv1, bn1 and fc)
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
