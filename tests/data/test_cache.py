@@ -219,3 +219,26 @@ def test_a_mapped_member_that_is_compressed_damaged_of_another_version_or_of_obj
         _map_member(tmp_path / "objects.npz", "train_x.npy")
     with pytest.raises(ValueError, match="allow_pickle"):                # read, not mapped: never unpickled
         read_entry(tmp_path / "objects.npz", train_images=True, mapped=False)
+
+
+def test_a_three_field_line_a_remounted_point_and_a_deeper_mount_listed_first_count(tmp_path):
+    table = tmp_path / "mounts"
+    table.write_text("rootfs / ext4 rw 0 0\nserver:/s /scratch nfs\n/dev/sdb /data ext4 rw 0 0\n"
+                     "server:/d /data nfs rw 0 0\n/dev/sdc /home/me/scratch xfs rw 0 0\n"
+                     "server:/home /home nfs rw 0 0\n")
+    assert not node_local(Path("/scratch/x"), table)                      # a line of exactly three fields
+    assert not node_local(Path("/data/x"), table)                         # the later mount on a point wins
+    assert node_local(Path("/home/me/scratch/x"), table)                  # the longest point, wherever listed
+
+
+def test_any_member_of_either_npy_version_is_mapped_where_it_lies(tmp_path):
+    from hpcfl.data.cache import _map_member
+
+    labels, pixels = np.arange(5, dtype=np.int64), np.arange(64, dtype=np.uint8).reshape(4, 4, 4)
+    path = tmp_path / "v2.npz"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for name, array, version in (("train_y.npy", labels, (1, 0)), ("train_x.npy", pixels, (2, 0))):
+            with archive.open(name, "w") as member:
+                np.lib.format.write_array(member, array, version=version)
+    assert np.array_equal(_map_member(path, "train_x.npy"), pixels)          # the second member, version 2.0
+    assert np.array_equal(_map_member(path, "train_y.npy"), labels)
