@@ -237,8 +237,8 @@ def test_any_member_of_either_npy_version_is_mapped_where_it_lies(tmp_path):
     labels, pixels = np.arange(5, dtype=np.int64), np.arange(64, dtype=np.uint8).reshape(4, 4, 4)
     path = tmp_path / "v2.npz"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
-        for name, array, version in (("train_y.npy", labels, (1, 0)), ("train_x.npy", pixels, (2, 0))):
+        for name, array, version in (("y.npy", labels, (1, 0)), ("train_x.npy", pixels, (2, 0))):    # names unlike
             with archive.open(name, "w") as member:
                 np.lib.format.write_array(member, array, version=version)
     assert np.array_equal(_map_member(path, "train_x.npy"), pixels)          # the second member, version 2.0
-    assert np.array_equal(_map_member(path, "train_y.npy"), labels)
+    assert np.array_equal(_map_member(path, "y.npy"), labels)
