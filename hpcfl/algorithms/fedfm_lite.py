@@ -8,7 +8,8 @@ and send them with their model. Anchors travel every round (from round T_s - 1 o
 T_s has them); models every `model_every` = a rounds: the server broadcasts the model at rounds
 0, a, 2a, ... and clients upload theirs at rounds a-1, 2a-1, ... and the last. In between, a
 client continues from its own local model; one that has not trained since the latest global
-model starts from that model (every worker keeps the latest broadcast). The byte counters show
+model starts from that model (every worker keeps the latest broadcast, and checkpoints keep it, so
+that a run resumed between model rounds has it too). The byte counters show
 the saving: roughly a times fewer model bytes. Anchors travel inside its own phase, so the runtime
 does not wrap it in FedFM's separate anchor phase (`traits.anchor_phase` False, hpcfl.algorithms.anchored).
 
@@ -55,7 +56,7 @@ class FedFMLite(FedAvg):
     def __init__(self, params, setup):
         super().__init__(params, setup)
         self.anchor_down, self.anchor_up = anchor_layouts(setup.num_classes, setup.feature_dim)
-        self.latest = None       # worker side: the latest global model received
+        self.latest = None       # the latest global model: received (workers), sent (the server)
 
     def init_server_state(self, model):
         return with_anchors(super().init_server_state(model), self.setup.num_classes, self.setup.feature_dim)
@@ -71,6 +72,8 @@ class FedFMLite(FedAvg):
 
     def downlink(self, phase, round, server_state):
         payloads = super().downlink(phase, round, server_state) if "model" in phase.downlink else {}
+        if "model" in payloads:        # rank 0 keeps it too, for the checkpoint (`carried_state`)
+            self.latest = {k: v.detach().clone() for k, v in payloads["model"].items()}
         if ANCHORS in phase.downlink:
             payloads[ANCHORS] = server_state[ANCHORS]
         return payloads
@@ -78,6 +81,12 @@ class FedFMLite(FedAvg):
     def receive(self, phase, round, downlink):
         if "model" in downlink:
             self.latest = downlink["model"]
+
+    def carried_state(self):
+        return {k: v.cpu() for k, v in (self.latest or {}).items()}
+
+    def load_carried_state(self, state):
+        self.latest = state or None
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         own = client.state.get("model")               # its own model between uploads, and the round it grew from

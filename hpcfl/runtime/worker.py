@@ -85,6 +85,7 @@ class Worker:
             if "class_acc" in blocks:
                 tested = evaluate(model, *client.test_set, self.num_classes, self.eval_batch)
                 blocks["class_acc"][cid] = tested["class_acc"]
+            metrics = {**metrics, "nonfinite": 0.0}             # trained and finite (an unsampled client: NaN)
             for j, key in enumerate(metric_names):
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start

@@ -10,6 +10,7 @@ import pickle
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import pytest
@@ -201,52 +202,92 @@ def test_a_run_recorded_under_the_old_name_of_algorithm_terms_resumes(tmp_path):
     assert read_run(tmp_path / "results" / "resume" / "cut.h5").rounds == 6
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
-def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path):
-    from mpi4py import MPI
+class _StopAfter(logging.Handler):
+    """Signals this rank (the server's) once it logs round `round`: the run stops after that round."""
+    def __init__(self, round):
+        super().__init__()
+        self.round = round
 
+    def emit(self, record):
+        from hpcfl.runtime.resume import STOP
+
+        if record.getMessage().startswith(f"round {self.round:>4}/"):
+            STOP.set()
+
+
+def _execute(job_file, results, name, transport, stop_after=None) -> bool:
+    """Run the job in this process on `transport` (stopped after round `stop_after`); True if it finished."""
     from hpcfl.runtime.build import setup
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import STOP
+
+    config = load_job(job_file, [f"run.results_root={str(results)!r}", f"run.name={name!r}"])
+    configure(transport.rank, run=name)
+    stopper = _StopAfter(stop_after) if stop_after and transport.is_server else None
+    if stopper:
+        LOG.addHandler(stopper)
+    try:
+        job = setup(resolve(config), transport, None)
+        finished = run(job)
+    finally:
+        STOP.clear()
+        if stopper:
+            LOG.removeHandler(stopper)
+    if job.recorder:
+        job.recorder.set_attr("status", "completed" if finished else "interrupted")
+        job.recorder.close()
+    transport.close()
+    return finished
+
+
+def _lite_dropping(tmp_path):
+    """FedFM-Lite sending models at rounds 0 and 4, where client 4 blows up in round 0 and is dropped: back
+    to its state of before that round, it starts the next rounds from the latest global model."""
+    job = tmp_path / "lite.toml"
+    job.write_text(JOB.replace("clients_per_round = 4", "clients_per_round = 6").replace("lr = 0.05", "lr = 5.0")
+                   + 'on_nonfinite = "drop"\n[algorithm]\nname = "fedfm_lite"\n'
+                   'params = { model_every = 4, start_round = 1, weight = 1.0 }\n')
+    return job
+
+
+def _resumed_equals_uninterrupted(job, results, transport, server: bool, stop_after: int, dropped=None):
+    """The job run whole, then stopped after round `stop_after` and resumed: exactly the same metrics."""
+    assert _execute(job, results, "full", transport())
+    assert not _execute(job, results, "cut", transport(), stop_after)
+    assert _execute(job, results, "cut", transport())
+    if server:
+        full = run_metrics(results / "resume" / "full.h5")
+        if dropped:                                 # the case the run is built for did happen
+            assert full["client/nonfinite"][dropped].tolist() == [0, 0, 0, 0, 1, 0]
+        assert_same_metrics(full, run_metrics(results / "resume" / "cut.h5"), exact=True)
+
+
+def test_fedfm_lite_resumed_right_after_a_model_round_has_the_global_model_for_a_dropped_client(tmp_path):
+    """Resumed at round 1, client 4 (dropped in round 0) starts from the model broadcast in round 0, which
+    the resumed workers never received: the checkpoint keeps it (a resume used to crash here)."""
+    from hpcfl.transport import LocalTransport
+
+    _resumed_equals_uninterrupted(_lite_dropping(tmp_path), tmp_path / "results", lambda: LocalTransport({}), True,
+                                  stop_after=1, dropped=0)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedfm_lite"])
+def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(algorithm, tmp_path):
+    """fedfm_lite: the server, which trains no client, keeps the global model its workers lost."""
+    from mpi4py import MPI
+
     from hpcfl.transport.mpi import MpiTransport
 
     comm = MPI.COMM_WORLD
     base = comm.bcast(str(tmp_path), root=0)
-    job_file = _job(tmp_path, algorithm) if comm.Get_rank() == 0 else None
+    job_file = None
+    if comm.Get_rank() == 0:
+        job_file = _lite_dropping(tmp_path) if algorithm == "fedfm_lite" else _job(tmp_path, algorithm)
     job_file = comm.bcast(str(job_file), root=0)
-
-    class StopAfter(logging.Handler):
-        """Signals this rank (rank 0) once the server logs round `round`."""
-        def __init__(self, round):
-            super().__init__()
-            self.round = round
-
-        def emit(self, record):
-            if record.getMessage().startswith(f"round {self.round:>4}/"):
-                STOP.set()
-
-    def execute(name, stop_after=None) -> bool:
-        config = load_job(job_file, [f"run.results_root={base + '/results'!r}", f"run.name={name!r}"])
-        transport = MpiTransport({}, comm)
-        configure(transport.rank, run=name)
-        if stop_after and transport.is_server:
-            LOG.addHandler(StopAfter(stop_after))
-        job = setup(resolve(config), transport, None)
-        finished = run(job)
-        STOP.clear()
-        if job.recorder:
-            job.recorder.set_attr("status", "completed" if finished else "interrupted")
-            job.recorder.close()
-        transport.close()
-        return finished
-
-    assert execute("full")
-    assert not execute("cut", stop_after=3)          # rank 0 alone is signalled: every rank stops
-    assert execute("cut")
+    lite = algorithm == "fedfm_lite"
     try:
-        if comm.Get_rank() == 0:
-            results = tmp_path / "results" / "resume"
-            assert_same_metrics(run_metrics(results / "full.h5"), run_metrics(results / "cut.h5"), exact=True)
+        _resumed_equals_uninterrupted(job_file, Path(base) / "results", lambda: MpiTransport({}, comm),
+                                      comm.Get_rank() == 0, stop_after=1 if lite else 3, dropped=0 if lite else None)
     finally:
         comm.Barrier()

@@ -148,7 +148,7 @@ def test_a_phase_sums_the_finite_weighted_updates_and_flags_the_others(tmp_path)
                                                 np.log(np.exp(0) + np.exp(1) + np.exp(-1)) - 1,
                                                 np.log(np.exp(-1) + np.exp(-2) + np.exp(3)) + 2,
                                                 np.log(np.exp(1) + np.exp(3) + np.exp(-4)) - 3]))
-    assert np.isnan(rows[0, 1]) and rows[1, 1] == 1.0 and np.isnan(rows[1, 0]) and rows[1, 2:].sum() == 0
+    assert rows[0, 1] == 0.0 and rows[1, 1] == 1.0 and np.isnan(rows[1, 0]) and rows[1, 2:].sum() == 0
     np.testing.assert_array_equal(rows[2, [0, 4]], [0.25, 2])
     np.testing.assert_array_equal(blocks["val_correct"][0], [1, 1, 0, 1])
     np.testing.assert_array_equal(blocks["class_acc"][0], [1.0, 1.0, 0.0])        # classes 0 and 1 right, 2 unseen
