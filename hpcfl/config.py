@@ -32,7 +32,7 @@ class RunConfig:
     results_root: str = "results"   # where result files go (--results-root overrides it)
     device: str = "auto"            # auto: a GPU if there is one, else the CPU with a warning; cpu; cuda: fails at
                                     # set-up without a GPU. A worker takes GPU (node-local rank % GPUs)
-    threads: int = 1                # torch intra-op threads per rank (1 is fastest for small CNNs on a CPU)
+    threads: int = 1                # torch intra-op threads per rank, <= 1024 (1: fastest for small CNNs on a CPU)
     memory_format: str = "auto"     # how convolution weights lie in memory: channels_last; contiguous (NCHW);
                                     # auto: channels_last on the CPU (19-34 % less training time for the small CNNs,
                                     # bench/memory_format.py), contiguous on a GPU. Same numbers to float rounding
@@ -207,6 +207,7 @@ NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.mom
 NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_keep", "run.round_timeout_s",
                    "run.threads", "run.device", "run.placement", "run.memory_format", "train.batched_clients",
                    "train.cuda_graphs")
+MAX_THREADS = 1024   # torch's intra-op threads per rank: more cores than any node has
 NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 
 
@@ -333,6 +334,9 @@ def _check_values(job: JobConfig) -> None:
         raise ConfigError("train.cuda_graphs = true captures the steps of clients trained together, and "
                           "train.batched_clients = 0 trains them one at a time: set train.batched_clients "
                           "= 'auto' (or a number), or train.cuda_graphs = false")
+    if job.run.threads > MAX_THREADS:
+        raise ConfigError(f"run.threads = {job.run.threads} must be at most {MAX_THREADS}: it is torch's intra-op "
+                          "threads per rank, best at most the cores each rank has (1 for small CNNs on a CPU)")
     if job.data.seed < -1:
         raise ConfigError(f"data.seed = {job.data.seed} must be >= 0, or -1 to split with run.seed")
     if not 0.0 <= job.data.validation_fraction < 1.0:

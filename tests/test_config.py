@@ -155,7 +155,7 @@ def _job(**keys):
 
 
 @pytest.mark.parametrize("keys", [
-    {"run.rounds": 1}, {"run.seed": 0}, {"run.seed": 2 ** 63 - 1}, {"train.momentum": 0.0},
+    {"run.rounds": 1}, {"run.seed": 0}, {"run.seed": 2 ** 63 - 1}, {"train.momentum": 0.0}, {"run.threads": 1024},
     {"train.batched_clients": 0}, {"train.batched_clients": 2 ** 63 - 1}, {"train.batched_clients": "auto"},
     {"train.cuda_graphs": True}, {"train.cuda_graphs": False, "train.batched_clients": 0},
     {"data.seed": -1}, {"data.validation_fraction": 0.0}, {"data.validation_fraction": 0.99},
@@ -171,6 +171,7 @@ def test_the_edges_of_each_range_are_accepted(keys):
     ({"run.seed": -2 ** 63 - 1}, "out of range: integers have 64 bits"),
     ({"run.seed": 2 ** 63}, "out of range: integers have 64 bits"),
     ({"train.momentum": -0.1}, "train.momentum = -0.1 must be >= 0"),
+    ({"run.threads": 1025}, "run.threads = 1025 must be at most 1024"),
     ({"train.batched_clients": -1}, "train.batched_clients = -1 must be 'auto' or a number of clients >= 0"),
     ({"train.batched_clients": 2 ** 63}, "train.batched_clients = 9223372036854775808 must be 'auto'"),
     ({"train.batched_clients": True}, "train.batched_clients = True must be 'auto'"),
