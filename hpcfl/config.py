@@ -60,7 +60,8 @@ class DataConfig:
     partition: str = "iid"          # how the training set is split among the clients (see Partitions)
     partition_params: dict = field(default_factory=dict)   # the scheme's parameters, e.g. { beta = 0.5 }
     min_samples: int = 10           # every client gets at least this many samples (schemes with random sizes
-                                    # redraw until it holds)
+                                    # redraw until it holds), counted before data.validation_fraction holds
+                                    # out its share of them
     train_samples: int = 0          # > 0: the clients share out a random subset of this many training samples with
                                     # the training set's class mix, drawn with the split's seed (a CPU-sized study
                                     # scales the data, not the regime); 0: all
