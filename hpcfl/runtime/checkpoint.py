@@ -117,13 +117,21 @@ def load(path: Path, name: str):
                            "move the checkpoint folder away to start the run again") from None
 
 
-def load_clients(directory: Path, hosted, rank: int | None = None) -> tuple[dict[int, dict], dict[int, torch.Tensor]]:
-    """The states of the clients `hosted` here and each writer's RNG state: from rank `rank`'s file
-    when given (the same topology places the same clients), else from every rank's file."""
+def load_clients(directory: Path, files, hosted, rank: int | None = None) -> tuple[dict[int, dict],
+                                                                                 dict[int, torch.Tensor]]:
+    """The states of the clients `hosted` here and each writer's RNG state, from the clients' files of
+    the manifest's `files` (a file it does not list, left by an earlier attempt, is never read): rank
+    `rank`'s file first when given (the same topology places the same clients), the others while a
+    hosted client is missing (run.placement changed)."""
     states, rngs = {}, {}
-    paths = [directory / f"clients-rank{rank}.pt"] if rank is not None else sorted(directory.glob("clients-rank*.pt"))
-    for path in paths:
-        part = load(directory, path.name)
-        rngs[int(path.stem.removeprefix("clients-rank"))] = part["rng"]
+    names = sorted(name for name in files if name.startswith("clients-rank"))
+    own = f"clients-rank{rank}.pt"
+    if own in names:
+        names = [own, *(name for name in names if name != own)]
+    for name in names:
+        if rngs and set(hosted) <= states.keys():
+            break
+        part = load(directory, name)
+        rngs[int(name.removeprefix("clients-rank").removesuffix(".pt"))] = part["rng"]
         states.update({c: s for c, s in part["clients"].items() if c in hosted})
     return states, rngs

@@ -62,18 +62,22 @@ def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
         raise ResultsError(f"result file {path} resolves to {target}, outside run.results_root {root} (a symbolic "
                            "link?); results stay under the results root: remove the link or choose another run.study")
     claim(path)
+    checkpoints = checkpoint_root(path)
     if not path.exists():
+        if checkpoints.exists():            # a new run's checkpoints would mix with them
+            raise ResultsError(f"checkpoint folder {checkpoints} is left from an earlier run whose result file "
+                               f"{path.name} is gone; move the folder away or delete it to start this run")
         return False, 0, None
     try:
         existing = read_run(path).attrs
     except ResultsError as err:             # names what is wrong with it; resuming adds the way out
-        raise ResultsError(f"{err}; to start the run again, move it away") from None
+        raise ResultsError(f"{err}; to start the run again, move it and {checkpoints.name} away") from None
     if _resumable(current_names(existing.get("config", {}), warn=False)) != _resumable(json.loads(config.to_json())):
         raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
-                           "run.name, or delete or move the old file")
+                           f"run.name, or delete or move the old file and its checkpoints ({checkpoints.name})")
     if existing.get("status") == "completed":
         raise RunCompleted(f"{path} is already complete; nothing to do (delete it to run again)")
-    found = latest(checkpoint_root(path), LOG.warning)
+    found = latest(checkpoints, LOG.warning)
     return True, (found[0] if found else 0), (found[1] if found else None)
 
 
@@ -99,7 +103,8 @@ def restore(job, directory: Path, rounds: int) -> None:
                             for owner, tensors in load(directory, "server.pt").items()}
     if job.worker:
         same = manifest["world_size"] == job.transport.size
-        states, rngs = load_clients(directory, set(job.worker.clients), job.transport.rank if same else None)
+        states, rngs = load_clients(directory, manifest["files"], set(job.worker.clients),
+                                    job.transport.rank if same else None)
         missing = sorted(set(job.worker.clients) - set(states))
         if missing:
             raise ResultsError(f"checkpoint {directory} has no state for clients {missing}: it belongs to another run")

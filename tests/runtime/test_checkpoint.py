@@ -54,7 +54,7 @@ def test_a_one_rank_checkpoint_holds_every_part_sealed_by_its_manifest(tmp_path)
     assert kept.keys() == server.keys() and not kept["model"]["w"].requires_grad
     torch.testing.assert_close(kept["model"]["w"], torch.ones(2))
     assert load(directory, "shared.pt") == {"widths": [3, 4]}
-    states, rngs = load_clients(directory, {1, 7}, rank=0)
+    states, rngs = load_clients(directory, manifest["files"], {1, 7}, rank=0)
     assert list(states) == [1] and states[1]["algorithm"]["scaffold"]["c"].tolist() == [1.0] * 3
     assert list(rngs) == [0] and torch.equal(rngs[0], rng)
 
@@ -72,11 +72,17 @@ def test_each_rank_writes_its_own_part_and_the_server_seals_them_all(tmp_path):
     assert manifest["world_size"] == 3
     assert sorted(manifest["files"]) == ["clients-rank1.pt", "clients-rank2.pt", "server.pt", "shared.pt"]
     assert latest(tmp_path, None) == (2, directory)
-    states, rngs = load_clients(directory, {0, 1, 2, 3})                       # another topology: every file
+    files = manifest["files"]
+    states, rngs = load_clients(directory, files, {0, 1, 2, 3})                # another topology: every file
     assert {c: s["algorithm"]["scaffold"]["c"][0].item() for c, s in states.items()} == {0: 0, 1: 1, 2: 2, 3: 3}
     assert sorted(rngs) == [1, 2]
-    states, rngs = load_clients(directory, {0, 1, 2, 3}, rank=2)               # the same: its own file
+    states, rngs = load_clients(directory, files, {1, 3}, rank=2)              # the same: its own file
     assert sorted(states) == [1, 3] and list(rngs) == [2]
+    states, rngs = load_clients(directory, files, {0, 1, 2, 3}, rank=2)        # placement changed: the others too
+    assert sorted(states) == [0, 1, 2, 3] and list(rngs) == [2, 1]
+    torch.save({"clients": {0: _client(9)}, "rng": torch.get_rng_state()}, directory / "clients-rank0.pt")
+    states, _ = load_clients(directory, files, {0})                            # left by an earlier attempt: unread
+    assert states[0]["algorithm"]["scaffold"]["c"][0].item() == 0
 
 
 def test_only_the_newest_keep_checkpoints_stay_and_a_rerun_round_replaces_its_own(tmp_path):
@@ -199,7 +205,12 @@ def test_the_resume_point_is_nothing_a_checkpoint_or_a_refusal(tmp_path, unlocke
     with pytest.raises(RunCompleted, match="is already complete; nothing to do"):
         resume_point(job)
     config.result_path.write_bytes(b"not hdf5")
-    with pytest.raises(ResultsError, match=r"cannot be read as HDF5 .*; to start the run again, move it away$"):
+    with pytest.raises(ResultsError, match=r"cannot be read as HDF5 .*; to start the run again, move it and "
+                                           r"\S+\.ckpt away$"):
+        resume_point(job)
+    config.result_path.unlink()            # moved away alone: its checkpoints would mix with a new run's
+    with pytest.raises(ResultsError, match=r"checkpoint folder \S+\.ckpt is left from an earlier run whose result "
+                                           r"file \S+\.h5 is gone; move the folder away or delete it"):
         resume_point(job)
 
 
@@ -312,7 +323,8 @@ def test_every_rank_writes_its_part_of_a_checkpoint_of_the_job(tmp_path, hpcfl_l
     directory = checkpoint_root(job.config.result_path) / "round-000002"
     assert latest(directory.parent, None) == (2, directory)
     assert load(directory, "shared.pt") == {"widths": [2]} and load(directory, "server.pt")["model"]["w"].item() == 1
-    assert load_clients(directory, {4})[0][4]["algorithm"]["scaffold"]["c"].tolist() == [3.0] * 3
+    files = json.loads((directory / MANIFEST).read_text())["files"]
+    assert load_clients(directory, files, {4})[0][4]["algorithm"]["scaffold"]["c"].tolist() == [3.0] * 3
     assert re.fullmatch(r"checkpoint after round 2 written in \d+\.\d\d s", hpcfl_log.messages[0])
     job.server, job.worker = None, None                              # a rank with neither writes an empty client file
     save_board = []
