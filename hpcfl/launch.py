@@ -214,6 +214,11 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
     return resolved.config.result_path
 
 
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The job overrides a run's options give: its --set's, and --results-root's."""
+    return args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
+
+
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     from hpcfl.errors import PeerTimeout, TrainingFault
     from hpcfl.jobs import prepare
@@ -221,7 +226,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import RunCompleted
 
-    overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
+    overrides = run_overrides(args)
     transport = None
     with contextlib.ExitStack() as stopping:
         try:

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from hpcfl.config import read_job_file
-from hpcfl.errors import ConfigError, Exit
+from hpcfl.errors import ConfigError, Exit, HpcflError
 
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -134,10 +134,14 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     parser.add_argument("--script", default=None, help="with --submit: the batch script (default: sweep.sbatch in "
                                                        "$HPCFL_SLURM, else ./slurm, else the one hpcfl ships)")
     args, launch_args = parser.parse_known_args(argv[:split])
+    from hpcfl.launch import run_overrides
+
     try:
         todo = points(read_job_file(args.job))
-        _check_run_options(args.job, launch_args, swept_keys(todo))
-    except ConfigError as err:
+        options = _check_run_options(args.job, launch_args, swept_keys(todo))
+        if args.submit:
+            _check_points(args.job, run_overrides(options), todo)
+    except HpcflError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return Exit.BAD_INPUT
     if args.list:
@@ -157,7 +161,19 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
                   prog=prog)
 
 
-def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> None:
+def _check_points(job: str, overrides: list[str], todo: list[list[str]]) -> None:
+    """Every point resolved as its array task will resolve it (hpcfl.jobs.prepare), so that a bad key or
+    value is refused before sbatch, not in each task after its wait in the queue."""
+    from hpcfl.jobs import prepare
+
+    for i, point in enumerate(todo):
+        try:
+            prepare(job, [*overrides, *point], allow_sweep=True)
+        except HpcflError as err:
+            raise ConfigError(f"point {i} ({point[-1]}): {err}") from None
+
+
+def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> argparse.Namespace:
     """The run options every point gets, checked here and not in each array task after its wait in the
     queue: options `hpcfl run` takes (sbatch's go after `--`), and no --set of a key the sweep sets on
     its points (run.name or run.seed would send every point to one result file)."""
@@ -172,6 +188,7 @@ def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> Non
     if clash:
         raise ConfigError(f"--set {clash[0]}: the sweep sets it on each point (a point's run.name, run.seed, its arm's "
                           "and grid's keys); change it in the job's [sweep] table")
+    return options
 
 
 def default_script() -> Path:

@@ -168,6 +168,22 @@ def test_run_options_are_checked_before_anything_runs_or_is_submitted(job, tmp_p
     assert sbatch.read_text().split()[-3:] == [str(job), "--set", "train.lr=0.05"]
 
 
+def test_every_point_is_checked_before_the_array_is_submitted(job, tmp_path, sbatch, capsys):
+    """A key or value only a point has (its grid's, or a run option's with it) is refused before sbatch,
+    naming the point, not in each array task after its wait in the queue."""
+    typo = tmp_path / "typo.toml"
+    typo.write_text(SWEEP.replace('"algorithm.name" = ["fedavg", "fedprox"]', '"train.lrr" = [0.1, 0.2]'))
+    assert main([str(typo), "--submit", "--script", str(job)]) == 2
+    assert "point 0 (run.name=\"sweep-0.1-0.1-seed0\"): unknown key(s) ['lrr'] in [train]" in capsys.readouterr().err
+    assert main([str(job), "--submit", "--script", str(job), "--set", "data.partition_params.alpha=1"]) == 2
+    assert "point 0 (run.name=\"sweep-fedavg-0.1-seed0\"): " in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SWEEP.replace("[0.1, 0.5]", "[0.1, -1.0]"))
+    assert main([str(bad), "--submit", "--script", str(job)]) == 2
+    assert "point 2 (run.name=\"sweep-fedavg--1.0-seed0\"): data.partition_params.beta" in capsys.readouterr().err
+    assert not sbatch.exists()
+
+
 def test_without_seeds_a_sweep_runs_the_jobs_own_seed():
     assert points({"run": {"seed": 4}, "sweep": {"grid": {"train.lr": [0.1]}}})[0][1:] == [
         "run.seed=4", 'run.name="sweep-0.1-seed4"']
