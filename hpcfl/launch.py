@@ -84,17 +84,21 @@ def make_transport():
     return MpiTransport({}, world), world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
 
 
+_ctrl_c = False         # a Ctrl-C has asked for the checkpoint: the next one aborts
+
+
 def _stop(sig, frame) -> None:
     """A stop signal: checkpoint after the current round (the first, if set-up is still running) and
-    exit 3, so that no finished round is lost. Ctrl-C once more after that aborts at once
-    (KeyboardInterrupt, as Python's own handler would)."""
+    exit 3, so that no finished round is lost. A second Ctrl-C aborts at once (KeyboardInterrupt, as
+    Python's own handler would); a first one after SLURM's TERM or USR1 still waits for the checkpoint."""
+    global _ctrl_c
     from hpcfl.runtime.resume import STOP
 
-    again = STOP.is_set()
-    STOP.set()                            # before the log line: a second Ctrl-C may come while it is written
+    STOP.set()
     if sig == signal.SIGINT:
-        if again:
+        if _ctrl_c:
             raise KeyboardInterrupt
+        _ctrl_c = True                    # before the log line: a second Ctrl-C may come while it is written
         LOG.info("Ctrl-C: stopping at a checkpoint after this round (Ctrl-C again to abort at once)")
 
 
@@ -102,9 +106,11 @@ def _stop(sig, frame) -> None:
 def _stop_signals():
     """USR1, TERM and INT ask for a checkpoint (_stop) while set-up and the rounds run, and until the
     result file is closed: a signal then must not kill the process with a code SLURM does not requeue."""
+    global _ctrl_c
     from hpcfl.runtime.resume import STOP
 
     STOP.clear()
+    _ctrl_c = False
     previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
     try:
         yield

@@ -236,3 +236,21 @@ def test_the_library_entry_point_runs_every_round_after_a_run_in_the_process_was
         STOP.clear()
     run = read_run(path)
     assert run.attrs["status"] == "completed" and run.rounds == 2
+
+
+def test_a_first_ctrl_c_after_slurms_signal_still_waits_for_the_checkpoint_and_a_second_aborts():
+    import signal
+
+    from hpcfl.launch import _stop, _stop_signals
+    from hpcfl.runtime.resume import STOP
+
+    with _stop_signals():
+        _stop(signal.SIGUSR1, None)
+        _stop(signal.SIGINT, None)                  # the first Ctrl-C: the checkpoint SLURM's signal asked for
+        assert STOP.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            _stop(signal.SIGINT, None)
+    with _stop_signals():                           # a new run starts with no Ctrl-C counted
+        assert not STOP.is_set()
+        _stop(signal.SIGINT, None)
+    STOP.clear()
