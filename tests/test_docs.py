@@ -55,6 +55,14 @@ def test_every_job_file_key_is_documented_with_its_default():
     assert '| `run.placement` | str | `"auto"` |' in page and "| `train.betas` | list[float] | `[0.9, 0.999]` |" in page
 
 
+@pytest.mark.parametrize("page", ["reference/job-file.md", "how-to/resume-after-preemption.md"])
+def test_the_pages_on_resuming_name_every_key_that_may_change(page):
+    from hpcfl.config import NON_RESULT_KEYS
+
+    text = " ".join((DOCS / page).read_text().split())
+    assert [key for key in (*NON_RESULT_KEYS, "train.on_nonfinite") if f"`{key}`" not in text] == []
+
+
 def test_every_built_in_parameter_is_documented():
     for registry in (ALGORITHMS, TERMS):
         for name in registry:

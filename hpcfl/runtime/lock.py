@@ -13,6 +13,7 @@ STALE_S seconds is stale from any node and is taken over with a warning naming t
 age is measured against the file system's own clock (a file written next to it), so clocks that
 differ between nodes do not matter. Any other lock refuses the run with a message naming the owner.
 """
+import contextlib
 import json
 import logging
 import os
@@ -75,33 +76,51 @@ def _describe(owner: dict) -> str:
     return f"{job}host {owner.get('host', '?')}, pid {owner.get('pid', '?')}, since {owner.get('since', '?')}"
 
 
+def _create(path: Path, me: dict) -> bool:
+    """Create the lock, if there is none."""
+    try:
+        with open(path, "x") as file:
+            json.dump(me, file)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _take_over(path: Path, result_path: Path, me: dict) -> bool:
+    """Take over the lock if its owner is gone or silent, else raise ResultsError naming the owner;
+    False if the lock went before it could be judged."""
+    try:
+        owner = json.loads(path.read_text())
+    except (OSError, ValueError):
+        owner = {}
+    temporary = path.with_name(f"{path.name}.{me['pid']}")
+    temporary.write_text(json.dumps(me))
+    try:
+        silent = _silent_s(path, temporary)
+    except FileNotFoundError:
+        temporary.unlink()
+        return False
+    owner = owner if isinstance(owner, dict) else {}
+    if not _gone(owner, me) and silent <= STALE_S:
+        temporary.unlink()
+        raise ResultsError(f"{result_path} is being written by another run ({_describe(owner)}; lock file "
+                           f"{path}, refreshed {silent:.0f} s ago). Wait for it, or choose another run.name; "
+                           f"a lock not refreshed for {STALE_S:.0f} s is taken over by the next run")
+    if not _gone(owner, me):
+        logging.getLogger(__name__).warning(f"taking over {path}: its owner ({_describe(owner)}) has not "
+                                            f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), "
+                                            "so it is gone")
+    os.replace(temporary, path)                         # take over the stale lock in one step
+    return True
+
+
 def claim(result_path: Path) -> None:
     """Make this process the result file's only writer, or raise ResultsError naming the owner."""
     path, me = lock_path(result_path), _me()
     created = [folder for folder in path.parents if not folder.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(path, "x") as file:
-            json.dump(me, file)
-    except FileExistsError:
-        try:
-            owner = json.loads(path.read_text())
-        except (OSError, ValueError):
-            owner = {}
-        temporary = path.with_name(f"{path.name}.{me['pid']}")
-        temporary.write_text(json.dumps(me))
-        silent = _silent_s(path, temporary)
-        owner = owner if isinstance(owner, dict) else {}
-        if not _gone(owner, me) and silent <= STALE_S:
-            temporary.unlink()
-            raise ResultsError(f"{result_path} is being written by another run ({_describe(owner)}; lock file "
-                               f"{path}, refreshed {silent:.0f} s ago). Wait for it, or choose another run.name; "
-                               f"a lock not refreshed for {STALE_S:.0f} s is taken over by the next run") from None
-        if not _gone(owner, me):
-            logging.getLogger(__name__).warning(f"taking over {path}: its owner ({_describe(owner)}) has not "
-                                                f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), "
-                                                "so it is gone")
-        os.replace(temporary, path)                     # take over the stale lock in one step
+    while not _create(path, me) and not _take_over(path, result_path, me):
+        pass                                            # its owner released it meanwhile: try again
     earlier = _held.pop(path, None)
     if earlier:                                         # claimed before by this process: one heartbeat, not two
         earlier[1].set()
@@ -121,12 +140,15 @@ def writing(result_path: Path) -> bool:
         try:
             probe.write_text("")
             silent = _silent_s(path, probe)
-        except PermissionError:
+        except FileNotFoundError:
+            raise
+        except OSError:                                 # not ours to write, or a read-only mount
             silent = time.time() - path.stat().st_mtime
     except FileNotFoundError:                           # no lock (or it went as the run ended)
         return False
     finally:
-        probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
     return silent <= STALE_S
 
 

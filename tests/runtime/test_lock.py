@@ -165,10 +165,29 @@ def test_a_run_is_writing_while_its_lock_is_fresh_by_the_file_systems_clock(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5.lock"]        # no probe left behind
     write_text = Path.write_text
 
-    def read_only(self, *args):                                         # a folder the reader cannot write in
-        if ".probe-" in self.name:
-            raise PermissionError(13, "Permission denied", str(self))
-        return write_text(self, *args)
+    for refusal in (PermissionError(13, "Permission denied"), OSError(30, "Read-only file system")):
+        def read_only(self, *args, refusal=refusal):                    # a folder the reader cannot write in
+            if ".probe-" in self.name:
+                raise refusal
+            return write_text(self, *args)
 
-    monkeypatch.setattr(Path, "write_text", read_only)
-    assert lock.writing(path)                                           # then this machine's clock is all there is
+        monkeypatch.setattr(Path, "write_text", read_only)
+        assert lock.writing(path)                                       # then this machine's clock is all there is
+
+
+def test_a_lock_released_while_a_claim_judges_it_is_claimed_afresh(tmp_path, monkeypatch):
+    from hpcfl.runtime import lock
+
+    path = tmp_path / "run.h5"
+    _write_lock(path, job="", host="node-17", pid=4242)                 # a live run elsewhere...
+    judge = lock._silent_s
+
+    def released_meanwhile(lock_file, probe):                           # ...that ends as the claim reads the lock
+        lock_file.unlink()
+        return judge(lock_file, probe)
+
+    monkeypatch.setattr(lock, "_silent_s", released_meanwhile)
+    claim(path)
+    assert json.loads(lock_path(path).read_text())["pid"] == os.getpid()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5.lock"]      # no temporary lock left
+    release()
