@@ -2,8 +2,8 @@
 by slurm/local-cluster.sh; CI installs them): the MPI job on 3 tasks gives the one-process numbers,
 a sweep runs as a job array (and `hpcfl sweep --submit` sizes it), srun starts the `hpcfl` console
 script as an MPI job, a job signalled with USR1 checkpoints, requeues itself and finishes with the
-metrics of an uninterrupted run (in a job array, the signalled task alone), and srun without an MPI
-plugin is refused with the fix."""
+metrics of an uninterrupted run (in a job array, the signalled task alone), a cancelled one
+checkpoints and stays cancelled, and srun without an MPI plugin is refused with the fix."""
 import os
 import shutil
 import subprocess
@@ -109,6 +109,24 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics
     assert "Restarts=1" in shown
     assert_same_metrics(_local_run(job, tmp_path, "straight"),
                         run_metrics(tmp_path / "results" / "slurm" / "requeued.h5"))
+
+
+def test_a_cancelled_job_checkpoints_and_stays_cancelled(cluster, tmp_path):
+    """scancel sends TERM, and SLURM requeues even a cancelled job when asked: step.sh must not."""
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.replace("rounds = 6", "rounds = 40"))
+    jid = _sbatch(cluster, tmp_path, SLURM / "hpcfl.sbatch", job, "--results-root", tmp_path / "results",
+                  "--set", "run.name='cancelled'", wait=False)
+    log = tmp_path / f"slurm-{jid}.out"
+    _until(lambda: log.exists() and "round    3/" in log.read_text(), 120, "round 3")
+    subprocess.run(["scancel", jid], env=cluster, check=True, timeout=30)
+    assert _exit_codes(cluster, jid) == {3}
+    _until(lambda: "hpcfl: checkpointed" in log.read_text(), 30, "step.sh's last word")
+    shown = subprocess.run(["scontrol", "show", "job", jid], env=cluster, capture_output=True, text=True).stdout
+    assert "JobState=CANCELLED" in shown and "Restarts=0" in shown
+    assert f"job {jid} got TERM (scancel, a preemption" in log.read_text() and "requeueing" not in log.read_text()
+    stopped = read_run(tmp_path / "results" / "slurm" / "cancelled.h5")
+    assert stopped.attrs["status"] == "interrupted" and 3 <= stopped.rounds < 40
 
 
 def test_a_signalled_array_task_requeues_alone(cluster, tmp_path):

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Run one hpcfl command as the job's MPI step (`srun --mpi=pmi2`, or $HPCFL_MPI_LAUNCH such as
 # `mpiexec`, which takes its ranks from the allocation). USR1 (sbatch --signal=B:USR1@...) and TERM
-# are forwarded to the step: the run checkpoints after its current round and exits 3, and then the
-# job requeues itself, so that its next start resumes where it stopped.
+# are forwarded to the step: the run checkpoints after its current round and exits 3. After USR1 the
+# job requeues itself, so that its next start resumes where it stopped; after TERM (scancel sends it,
+# and SLURM requeues even a cancelled job when asked) it does not.
 #
 # Afterwards it removes the shared-memory segments MPICH left in /dev/shm (about 1 MB per rank that was
 # killed; a leftover segment named after a job step can make a later job with the same id hang in
@@ -12,7 +13,8 @@ launcher=${HPCFL_MPI_LAUNCH:-srun --mpi=pmi2}
 started=$(mktemp "${TMPDIR:-/tmp}/hpcfl-step.XXXXXX")      # segments newer than this are the step's
 $launcher "$@" &
 step=$!
-trap 'kill -USR1 "$step" 2>/dev/null' USR1 TERM
+trap 'kill -USR1 "$step" 2>/dev/null' USR1
+trap 'terminated=1; kill -USR1 "$step" 2>/dev/null' TERM
 while :; do
     wait "$step" && status=0 || status=$?
     kill -0 "$step" 2>/dev/null || break        # still running: a trapped signal interrupted the wait
@@ -29,7 +31,12 @@ if [ "$status" -eq 3 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     # task of the array: name the task as ARRAYID_TASK so that only this one requeues.
     job=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}
     job=${job:-$SLURM_JOB_ID}
-    echo "hpcfl: checkpointed; requeueing job $job to resume"
-    scontrol requeue "$job"
+    if [ -n "${terminated:-}" ]; then       # scancel's TERM: SLURM would requeue a cancelled job if asked
+        echo "hpcfl: checkpointed; job $job got TERM (scancel, a preemption, or the time limit before" \
+             "--signal's USR1), so it is not requeued: submit the same job again to resume"
+    else
+        echo "hpcfl: checkpointed; requeueing job $job to resume"
+        scontrol requeue "$job"
+    fi
 fi
 exit "$status"
