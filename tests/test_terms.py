@@ -593,6 +593,11 @@ def test_a_frozen_copy_runs_without_gradients_in_evaluation_mode_and_is_made_onc
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items()) and model[0].weight.requires_grad
     frozen.load(model, model.state_dict())
     assert frozen.net is net and torch.equal(net[0].weight, model[0].weight)
+    wide = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4))          # a client of another architecture
+    frozen.load(wide, wide.state_dict())
+    assert frozen.net is not net and frozen.net[0].weight.shape == (4, 2)
+    frozen.load(model, state)
+    assert frozen.net is net and torch.equal(net[0].weight, state["0.weight"])     # each copy made once
 
 
 def test_a_term_that_asks_for_anchors_needs_the_settings_the_anchor_phase_reads():

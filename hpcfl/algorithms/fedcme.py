@@ -39,6 +39,7 @@ from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.algorithms.phases import SwapPhase, Swapping
 from hpcfl.errors import ConfigError
 from hpcfl.models import load_state
+from hpcfl.params import params_from
 from hpcfl.payload import Layout
 from hpcfl.seeding import cohort_schedule, numpy_rng
 from hpcfl.terms import Term, matching_terms
@@ -128,6 +129,11 @@ class FedCME(Swapping, FedAvg):
         if matching:
             raise ConfigError(f"fedcme sends its own global features, not FedFM's anchors: drop {matching} from "
                               "algorithm.terms")
+        exchange = params_from(cls.Params, job.algorithm.params, "algorithm.params").exchange
+        if "moon" in job.algorithm.terms and exchange != "none":
+            raise ConfigError("moon contrasts with the client's model of its previous round, and fedcme trains each "
+                              "client in two halves a round (the second would contrast with the first): drop moon "
+                              "from algorithm.terms, or set algorithm.params.exchange = 'none'")
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

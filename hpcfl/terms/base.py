@@ -64,13 +64,16 @@ Regularizer = Term      # its name in 0.1, accepted until the next release
 
 
 class Frozen:
-    """A copy of the model, made once per worker and reused, that holds a reference state and runs
-    without gradients in eval mode (no dropout; BatchNorm uses its running statistics)."""
+    """A copy of the model, made once per worker and architecture and reused, that holds a reference
+    state and runs without gradients in eval mode (no dropout; BatchNorm uses its running statistics).
+    `net` is the copy last loaded."""
 
     def __init__(self):
         self.net: nn.Module | None = None
+        self.copies: dict[int, nn.Module] = {}      # by the worker's model it copies: one per architecture
 
     def load(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-        if self.net is None:
-            self.net = copy.deepcopy(model).requires_grad_(False).eval()
+        if id(model) not in self.copies:
+            self.copies[id(model)] = copy.deepcopy(model).requires_grad_(False).eval()
+        self.net = self.copies[id(model)]
         load_state(self.net, state)

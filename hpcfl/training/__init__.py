@@ -3,7 +3,8 @@
 A client's randomness in a round (batch order, dropout, augmentation) comes from generators keyed by
 (seed, round, client), so its update is the same whichever rank trains it. Losses are accumulated on
 the device and read once per client: no host synchronisation per batch. A model with BatchNorm skips
-an epoch's last batch when it holds one sample (BatchNorm1d, or 2-d maps at 1x1, cannot train on it).
+an epoch's last batch when it holds one sample (BatchNorm1d, or 2-d maps at 1x1, cannot train on it;
+train.batch_size = 1 is refused with BatchNorm, and a client of one sample trains no step).
 With train.precision = "bf16" the loss is computed under bfloat16 autocast (torch's op lists: matmuls
 and convolutions in bf16, reductions and the cross-entropy in fp32); parameters, gradients and the
 optimizer stay fp32, and bf16's fp32 exponent range needs no loss scaling.

@@ -469,8 +469,13 @@ def test_params_default_to_the_paper_and_are_frozen():
     ({}, ["prox", "fm_l2"], {}, r"drop \['fm_l2'\] from algorithm.terms"),
     ({}, ["hpcfl.terms.matching:L2Matching"], {}, r"drop \['hpcfl.terms.matching:L2Matching'\]"),
     ({}, [], {"placement": "per_round"}, r"run.placement = 'per_round'"),      # FedAvg's rules hold too
+    ({}, ["moon"], {}, r"moon contrasts with the client's model of its previous round, .* two halves .* drop moon"),
 ], ids=["exchange", "matching", "eval_fraction_0", "eval_fraction_above_1", "fm_cg", "fm_l2", "plugin_matching",
-        "placement"])
+        "placement", "moon_across_halves"])
 def test_bad_configuration_names_the_key(params, terms, run, message):
     with pytest.raises(ConfigError, match=message):
         _job(params, terms, **run)
+
+
+def test_moon_is_taken_where_a_client_trains_once_a_round():
+    assert "moon" in _job({"exchange": "none"}, ["moon"]).algorithm.terms

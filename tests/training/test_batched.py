@@ -258,6 +258,8 @@ CASES = {
     "fedclassavg-warmup": SGD + HETEROGENEOUS + ("model.params={preactivation=true}",
                                                  "algorithm.params.warmup_epochs=1"),
     "local_only": SGD + ("algorithm.terms.supcon.weight=0.5",), "ensemble": ADAM + EVERY_CLIENT,
+    # a term's frozen model for clients of three architectures
+    "local_only-moon": SGD + HETEROGENEOUS + ("algorithm.terms.moon.mu=1.0",),
 }
 
 
