@@ -32,7 +32,9 @@
            with its running statistics and does not update them (a separate batch of T's 1-10 samples in
            training mode would pull the statistics towards T's at every step, and a batch of one fails in
            BatchNorm1d), dropout is off, and the local model computes T's logits as the global one did, so
-           the term is 0 at the round's start and measures only what local training changed; gradients
+           the term is 0 at the round's start (to bf16's rounding under train.precision = "bf16", where
+           the local logits run under autocast and the targets, taken before, in fp32) and measures only
+           what local training changed; gradients
            flow as usual. Concatenating T to each batch would instead mix T into the batch's
            normalisation and statistics and still compare training-mode with eval-mode logits. beta =
            0.1 by default (the paper tunes it in {0.5, 0.1, 0.01, 0.001}).
