@@ -142,7 +142,16 @@ def split_data(job: JobConfig, data_root: str | None, train_images: bool) -> Cli
     val_parts = [np.zeros(0, dtype=np.int64)] * len(parts)
     if validating:
         parts, val_parts = validation_split(parts, job.data.validation_fraction, seed)
+        if not any(len(v) for v in val_parts):           # the server would validate on nothing
+            raise ConfigError(f"data.validation_fraction = {job.data.validation_fraction} holds out no sample of "
+                              f"any client (clients of {min(map(len, parts))}-{max(map(len, parts))} samples): "
+                              "raise it, e.g. 0.2, or set it to 0")
     counts = count_matrix(labels, parts, data.num_classes)
     local_tests = (local_test_sets(data.test_y.numpy(), counts, job.data.local_test_ratio, seed)
                    if job.data.local_test_ratio > 0 else None)
+    empty = [c for c, rows in enumerate(local_tests or []) if not len(rows)]
+    if empty:
+        raise ConfigError(f"data.local_test_ratio = {job.data.local_test_ratio} gives client(s) {empty[:5]} "
+                          f"(of {counts[empty[0]].sum()} training samples) no test sample to evaluate on: raise it, "
+                          "or data.min_samples")
     return ClientData(data, parts, val_parts, counts, local_tests)

@@ -787,3 +787,23 @@ def test_split_data_reads_the_data_root_and_draws_only_what_the_job_asks(tmp_pat
     local = job_from_dict({"data": {**data, "dataset": "digits", "local_test_ratio": 0.5}, "train": train})
     split = split_data(local, None, train_images=False)
     assert [t.size for t in split.local_tests] == [(p.size + 1) // 2 for p in split.parts]      # half, rounded up
+
+
+def test_held_out_sets_that_would_be_empty_are_refused_naming_the_key(tmp_path, monkeypatch):
+    """An empty set to evaluate on would divide by zero in the first round: refused at set-up."""
+    from data.test_cache import _write_mnist
+
+    from hpcfl.data.splits import split_data
+
+    monkeypatch.setenv("HPCFL_CACHE", "off")
+    _write_mnist(tmp_path / "data")                       # 20 training and 10 test images: 10 a client
+    data = {"dataset": "mnist", "num_clients": 2, "min_samples": 1, "partition": "iid"}
+    train = {"clients_per_round": 2}
+    few = job_from_dict({"data": {**data, "validation_fraction": 0.04}, "train": train})      # 0.4 of a sample
+    with pytest.raises(ConfigError, match=r"data.validation_fraction = 0.04 holds out no sample of any client "
+                                          r"\(clients of 10-10 samples\): raise it"):
+        split_data(few, str(tmp_path / "data"), train_images=False)
+    tiny = job_from_dict({"data": {**data, "local_test_ratio": 0.04}, "train": train})
+    with pytest.raises(ConfigError, match=r"data.local_test_ratio = 0.04 gives client\(s\) \[0, 1\] \(of 10 "
+                                          r"training samples\) no test sample to evaluate on"):
+        split_data(tiny, str(tmp_path / "data"), train_images=False)
