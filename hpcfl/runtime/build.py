@@ -180,6 +180,9 @@ def _algorithm(job: Resolved, model, split: ClientData) -> Algorithm | WithAncho
     if two_views and data.mean is None:
         raise ConfigError(f"{two_views} augment images into two views, but data set '{data.name}' "
                           "has no images; drop the term or pick an image data set")
+    if job.config.train.augment != "none" and len(data.input_shape) != 3:
+        raise ConfigError(f"train.augment = '{job.config.train.augment}' crops and flips images, but data set "
+                          f"'{data.name}' holds sequences; set train.augment = 'none'")
     if any(t.needs_shared for t in algorithm.terms):
         split.shared = shared_set(data.train_y.numpy(), data.num_classes, job.config.data_seed,
                                   np.concatenate(split.val_parts))

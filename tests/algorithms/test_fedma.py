@@ -186,7 +186,7 @@ def test_partial_participation_and_terms_are_refused():
                        "algorithm": {"name": "fedma", "terms": {"prox": {}}}})
 
 
-def test_the_shakespeare_job_matches_lstms_of_speaking_roles(tmp_path):
+def test_the_shakespeare_job_matches_lstms_of_speaking_roles(tmp_path, capsys):
     """jobs/fedma/shakespeare-lstm.toml, shrunk, on LEAF-format files: each client one role (natural
     partition), its embedding and LSTM units matched, the global model's growth recorded."""
     rng = np.random.default_rng(0)
@@ -209,6 +209,11 @@ def test_the_shakespeare_job_matches_lstms_of_speaking_roles(tmp_path):
     assert (arrays["round/width/lstm"] >= 256).all() and (arrays["round/width/encoder"] >= 8).all()
     assert (arrays["round/growth_rate"] >= 1.0).all() and (arrays["round/bytes_up/match_lstm"] > 0).all()
     assert np.isfinite(arrays["round/test_loss"]).all()
+    sets[-1] = "run.name='augmented'"
+    assert main([str(job), "--data-root", str(tmp_path), "--results-root", str(tmp_path / "results"),
+                 *(a for s in [*sets, "train.augment='crop_flip'"] for a in ("--set", s))]) == 2
+    assert "train.augment = 'crop_flip' crops and flips images, but data set 'shakespeare' holds sequences" in \
+        capsys.readouterr().err
 
 
 class MLP(nn.Module):
