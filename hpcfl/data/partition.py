@@ -179,7 +179,10 @@ def _split_among_holders(labels: np.ndarray, held: np.ndarray, key: str, rng: np
 
 def classes_per_client(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
                        *, k: int) -> list[np.ndarray]:
-    """FedClassAvg's "skewed" split (k = 2): every client holds exactly k distinct classes."""
+    """FedClassAvg's "skewed" split (k = 2): every client holds exactly k distinct classes, each class split
+    evenly among the clients holding it. Clients are then the same size only where every class has as
+    many holders (k x clients a multiple of the classes: 20 clients of CIFAR-10); on EMNIST letters (26
+    classes, 40 places) sizes differ up to 2x, where the paper says they are equal."""
     num_classes = len(np.unique(labels))
     _require("k", k, k <= num_classes,
              f"must be an integer from 1 to the number of classes in the training set ({num_classes})")
@@ -259,7 +262,8 @@ def quantity_skew(labels: np.ndarray, num_clients: int, rng: np.random.Generator
 def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_samples: int, owners: np.ndarray,
             *, min_owner_samples: int = 0) -> list[np.ndarray]:
     """Each client is one natural owner of the data (a LEAF Shakespeare role), drawn among those with at
-    least max(min_owner_samples, min_samples) samples (FedMA: 66 roles with >= 10k samples each)."""
+    least max(min_owner_samples, min_samples) training samples (FedMA: 66 roles with >= 10k samples each,
+    counted before its own train/test split)."""
     ids, sizes = np.unique(owners, return_counts=True)
     least = max(min_owner_samples, min_samples)
     eligible = ids[sizes >= least]
