@@ -55,8 +55,8 @@ def entry_path(folder: Path, name: str, sources: list[Path]) -> Path:
     shares it), the fingerprint their paths, sizes and modification times, and DECODING."""
     resolved = sorted(Path(p).resolve() for p in sources)
     where = hashlib.sha256("\n".join(sorted({str(p.parent) for p in resolved})).encode()).hexdigest()[:8]
-    stats = "\n".join([f"decoding {DECODING}", *(f"{p}\t{p.stat().st_size}\t{p.stat().st_mtime_ns}"
-                                                   for p in resolved)])
+    stats = "\n".join([f"decoding {DECODING}", *(f"{p}\t{s.st_size}\t{s.st_mtime_ns}"          # one stat a file
+                                                   for p, s in ((p, p.stat()) for p in resolved))])
     return folder / f"{name}-{where}-{hashlib.sha256(stats.encode()).hexdigest()[:16]}.npz"
 
 
