@@ -28,8 +28,8 @@ examples, and a verdict (better / worse / inconclusive; hpcfl.analysis.paired, h
 round where METRIC is lowest or highest: a paper's own rule, e.g. FedClassAvg's authors' lowest mean
 client test loss, which selects on test data and is never the default.
 `target`'s speed-up is each group's over the baseline group that shares its other keys.
-Unfinished runs are counted, enter no figure and are listed; unreadable files are named on stderr,
-not fatal.
+Unfinished runs are counted, enter no figure and are listed (`time` reads every run's committed
+rounds, finished or not); unreadable files are named on stderr, not fatal.
 """
 import argparse
 import sys
@@ -181,6 +181,11 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
     results = _results(args, select)
     if results is None:
         return 2
+    metric = args.metric
+    if args.command in ("table", "compare", "target") and not any(metric in run for run in results.series.values()):
+        sys.stderr.write(f"hpcfl: error: --metric {metric} is recorded in none of these runs (a typo? the names "
+                         "are in docs/reference/result-files.md)\n")
+        return 2
     by = args.by or varying_keys(results.runs)
     missing = [k for k in by if k not in results.runs.columns]
     if missing:
@@ -202,6 +207,10 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
                                       args.target, args.by, select)
             for path in unpaired:
                 sys.stderr.write(f"hpcfl: note: {path} has no partner run (same seeds and keys) in the other arm\n")
+            if table.attrs["also_differ"]:
+                sys.stderr.write(f"hpcfl: note: the arms also differ in {table.attrs['also_differ']} (each the same "
+                                 "within an arm): the effects are of each arm with its values, not of "
+                                 f"{args.baseline.split('=')[0]} alone\n")
             sys.stdout.write(render(table, args.format))
             return 0
         table = {"table": lambda: summary(results, by, args.metric, args.last, select),

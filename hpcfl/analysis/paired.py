@@ -22,7 +22,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from hpcfl.analysis.noise import BITS, example_parts, test_variance
-from hpcfl.analysis.results import Results, completed, varying_keys
+from hpcfl.analysis.results import Results, completed, shown, varying_keys
 from hpcfl.analysis.tables import chosen_rounds, selection_rule, statistic
 
 PAIR_KEYS = ("run.seed", "data.seed")
@@ -90,6 +90,8 @@ def _test_noise(results: Results, figure: tuple, pairs, mine: pd.DataFrame, base
     stat, metric = figure[:2]
     if stat == "rounds" or metric not in BITS:
         return (), {}
+    if not len(pairs):
+        return (), {"test_se": np.nan}
     found = _test_terms(results, figure, pairs, mine.loc[pairs, "path"], base.loc[pairs, "path"])
     return found or (), {"test_se": "not recorded" if found is None else float(np.sqrt(sum(v for v, _ in found)))}
 
@@ -122,31 +124,41 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
     runs = results.runs
     if key not in runs:
         raise ValueError(f"--baseline key {key!r} is not a config key of these runs")
-    runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].astype(str), "#done": completed(runs),
+    runs = runs.assign(**{"data.seed": _split_seed(runs), "#arm": runs[key].map(shown), "#done": completed(runs),
                           "#value": [statistic(results.series[p], stat, metric, last, target, select)
                                      for p in runs["path"]]})
     runs.loc[~runs["#done"], "#value"] = np.nan       # a truncated series has no final figure
     if not (runs["#arm"] == str(reference)).any():
         raise ValueError(f"no run has {key} = {reference}; values: {sorted(runs['#arm'].unique())}")
     arm_of = runs.groupby("#arm")
-    groups = by or [k for k in varying_keys(results.runs)      # a key fixed within every arm describes the arm
-                    if k != key and not (arm_of[k].agg(lambda v: v.astype(str).nunique(dropna=False)) == 1).all()]
-    groups = [k for k in groups if k != key]
+    varying = [k for k in varying_keys(results.runs) if k != key]
+    groups = [k for k in by or [k for k in varying           # a key fixed within every arm describes the arm
+                                if not (arm_of[k].agg(lambda v: v.astype(str).nunique(dropna=False)) == 1).all()]
+              if k != key]
+    base_runs, arms = runs[runs["#arm"] == str(reference)], runs[runs["#arm"] != str(reference)]
+    # a key the baseline's runs lack (a parameter of the other arms' algorithm only, such as FedProx's mu
+    # against FedAvg): the baseline is the same in each of its groups
+    lacking = {k for k in groups if base_runs[k].isna().all()}
     higher_is_better = not metric.endswith("loss")          # an accuracy, or a speed-up
     null = 1.0 if stat == "rounds" else 0.0
-    rows, unpaired = [], []
+    rows, unpaired, partnered = [], [], set()
     unfinished = not runs["#done"].all()
-    for values, group in (runs.groupby(groups, dropna=False) if groups else [((), runs)]):     # keys as tuples
-        twins = group[group.duplicated(["#arm", *PAIR_KEYS], keep=False)]
+    for values, group in (arms.groupby(groups, dropna=False) if groups else [((), arms)]):     # keys as tuples
+        match = np.ones(len(base_runs), dtype=bool)
+        for k, value in zip(groups, values, strict=True):
+            if k not in lacking:
+                match &= (base_runs[k].map(shown) == shown(value)).to_numpy()
+        base_group = base_runs[match]
+        both = pd.concat([group, base_group])
+        twins = both[both.duplicated(["#arm", *PAIR_KEYS], keep=False)]
         if len(twins):
             raise ValueError(f"runs {sorted(twins['path'])} share every compared key and seed, so none can be paired; "
                              "name the key that tells them apart with --by, or analyse them apart")
-        base = group[group["#arm"] == str(reference)].set_index(list(PAIR_KEYS))
-        partnered = set()
-        for arm, runs_of_arm in group[group["#arm"] != str(reference)].groupby("#arm"):
+        base = base_group.set_index(list(PAIR_KEYS))
+        for arm, runs_of_arm in group.groupby("#arm"):
             mine = runs_of_arm.set_index(list(PAIR_KEYS))
             shared = mine.index.intersection(base.index)
-            partnered |= set(shared)
+            partnered |= set(base.loc[shared, "path"])
             unpaired += [p for i, p in zip(mine.index, mine["path"], strict=True) if i not in shared]
             a, b = mine.loc[shared, "#value"].to_numpy(float), base.loc[shared, "#value"].to_numpy(float)
             effects = b / a if stat == "rounds" else a - b
@@ -157,7 +169,9 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
                          **_counts(mine.loc[shared, "#done"], base.loc[shared, "#done"], kept, unfinished, stat),
                          "effect_mean": mean, "effect_std": std, **noise, "ci95_low": low, "ci95_high": high,
                          "verdict": verdict(low, high, null, higher_is_better)})
-        unpaired += [p for i, p in zip(base.index, base["path"], strict=True) if i not in partnered]
+    unpaired += [p for p in base_runs["path"] if p not in partnered]
     table = pd.DataFrame(rows)
     table.attrs["legend"] = LEGEND[stat == "rounds"] + (f"; {selection_rule(select)}" if stat == "selected" else "")
+    # keys set per arm beyond its algorithm: the effect is of the arm with them, not of the algorithm alone
+    table.attrs["also_differ"] = [k for k in varying if k not in groups and not k.startswith(("algorithm.", "run.arm"))]
     return table, sorted(unpaired)

@@ -102,7 +102,8 @@ PER_ROUND = ("round/", "client/", "rank/", "class/", "client_class/",     # arra
 def truncate(results: Results, rounds: int | None = None, max_bytes: float | None = None) -> Results:
     """The runs cut to their first `rounds` rounds and to the rounds whose cumulative bytes (every
     payload, both directions; needs the round/bytes_* series loaded) stay within `max_bytes`: a
-    comparison at equal rounds, or at equal communication, of runs that ran for different lengths."""
+    comparison at equal rounds, or at equal communication, of runs that ran for different lengths. A
+    run cut short loses the figures written after its last round (final/...): NaN."""
     series, kept = {}, []
     for path, count in zip(results.runs["path"], results.runs["rounds"], strict=True):
         metrics, keep = results.series[path], int(count)
@@ -110,7 +111,9 @@ def truncate(results: Results, rounds: int | None = None, max_bytes: float | Non
             keep = min(keep, rounds)
         if max_bytes is not None:
             keep = min(keep, int(np.sum(bytes_exchanged(metrics) <= max_bytes)))
-        series[path] = {k: v[:keep] if k.startswith(PER_ROUND) else v for k, v in metrics.items()}
+        series[path] = {k: v[:keep] if k.startswith(PER_ROUND) else
+                        np.full_like(v, np.nan) if k.startswith("final/") and keep < count else v
+                        for k, v in metrics.items()}
         kept.append(keep)
     return Results(results.runs.assign(rounds=kept), series, results.problems)
 

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from hpcfl.analysis.results import MISSING, Results, completed, shown
+from hpcfl.analysis.results import MISSING, PER_ROUND, Results, completed, shown
 from hpcfl.data.splits import class_categories
 
 SELECTION = ("round/val_acc", "max")   # what picks a run's round: the global model on the clients' held-out data
@@ -57,7 +57,7 @@ def chosen_rounds(series: dict[str, np.ndarray], stat: str, metric: str, last: i
     of highest round/val_acc ("best_val": selecting on the test accuracy itself would flatter every
     method) or the round `select` = (metric, "min" | "max") picks ("selected"; a client/... metric by its
     cohort mean). The figure's per-example parts (hpcfl.analysis.noise) are read at the same rounds."""
-    values = series[metric]
+    values = round_means(series, metric)
     evaluated = np.flatnonzero(np.isfinite(values))
     if stat == "final":
         return evaluated[-1:]
@@ -78,21 +78,23 @@ def _first_reaching(values: np.ndarray, target: float) -> float:
 
 def statistic(series: dict[str, np.ndarray], stat: str, metric: str, last: int = 10,
               target: float | None = None, select: tuple[str, str] | None = None) -> float:
-    """One run's figure for `metric`: its mean over chosen_rounds, or the rounds to reach `target` (NaN
-    if never); NaN where the metric, or the selection's, was not recorded."""
+    """One run's figure for `metric` (a client/... metric by its cohort mean): its mean over chosen_rounds,
+    or the rounds to reach `target` (NaN if never); NaN where the metric, or the selection's, was not
+    recorded. A figure written once after the last round (final/...) is its run's "final" figure and
+    has no round to select: NaN for the other statistics."""
     if stat == "selected" and select is None:
         raise ValueError("the selected statistic needs the round's rule (--select-on METRIC [--select min|max])")
     if stat == "rounds" and metric.endswith("loss"):
         raise ValueError(f"rounds to a target count rounds until {metric} >= the target, which a falling loss "
                          "never means; use an accuracy")
-    if metric not in series:
+    if stat == "rounds" and target is None:
+        raise ValueError("the rounds statistic needs a target (--target)")
+    if metric not in series or (not metric.startswith(PER_ROUND) and stat != "final"):
         return np.nan
     if stat == "rounds":
-        if target is None:
-            raise ValueError("the rounds statistic needs a target (--target)")
-        return _first_reaching(series[metric], target)
+        return _first_reaching(round_means(series, metric), target)
     rounds = chosen_rounds(series, stat, metric, last, select)
-    return float(series[metric][rounds].mean()) if len(rounds) else np.nan
+    return float(round_means(series, metric)[rounds].mean()) if len(rounds) else np.nan
 
 
 def _per_run_stat(results: Results, stat: str, metric: str, **options) -> pd.Series:
@@ -152,7 +154,9 @@ def rounds_to_target(results: Results, target: float, by: list[str], baseline: d
         chosen = np.logical_and.reduce([table[k].astype(str) == str(v) for k, v in baseline.items()])
         if not chosen.any():
             raise ValueError(f"no group matches the baseline {baseline}; groups: {table[by].to_dict('records')}")
-        others = [k for k in by if k not in baseline]
+        # a key the baseline lacks (a parameter of the other groups' algorithm only, as FedProx's mu against
+        # FedAvg): its groups all take the one baseline
+        others = [k for k in by if k not in baseline and table.loc[chosen, k].notna().any()]
         reference = table.loc[chosen, [*others, "rounds_mean"]].rename(columns={"rounds_mean": "reference"})
         matched = (table[others].merge(reference, on=others, how="left")["reference"] if others
                    else reference["reference"].iloc[0])

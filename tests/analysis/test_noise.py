@@ -219,7 +219,8 @@ def test_the_authors_rule_reads_the_round_of_lowest_mean_client_test_loss(tmp_pa
     assert table.iloc[0]["selected_mean"] == pytest.approx(1.0)
     assert ("selected: at the round of the min of client/local_test_loss: a selection on test data, optimistic"
             in render(table))
-    assert main(["compare", str(tmp_path), "--baseline", "algorithm.name=fedclassavg", "--stat", "selected"]) == 2
+    assert main(["compare", str(tmp_path), "--baseline", "algorithm.name=fedclassavg", "--stat", "selected",
+                 "--metric", "round/personal_acc_mean"]) == 2
     assert "--select-on" in capsys.readouterr().err
     assert main(["table", str(tmp_path), "--metric", "round/personal_acc_mean",
                  "--select-on", "client/local_test_loss"]) == 0

@@ -19,13 +19,14 @@ CURVES = {("fedavg", 0.1, 0): [0.2, 0.5, np.nan, 0.6], ("fedavg", 0.1, 1): [0.3,
           ("fedavg", 0.5, 0): [0.1, 0.2, np.nan, 0.3]}
 
 
-def _write(folder, algorithm, beta, seed, curve, status="completed", val=None, **sections):
-    config = {"run": {"seed": seed, "name": f"{algorithm}-{beta}-{seed}"}, "algorithm": {"name": algorithm},
+def _write(folder, name, beta, seed, curve, status="completed", val=None, **sections):
+    """A run of algorithm `name` with `sections` added to its config ({section: {key: value}})."""
+    config = {"run": {"seed": seed, "name": f"{name}-{beta}-{seed}"}, "algorithm": {"name": name},
               "data": {"partition": "dirichlet", "partition_params": {"beta": beta}}}
     for section, values in sections.items():
         config[section] = {**config.get(section, {}), **values}
     keys = "".join(f"-{k}={v}" for t in sections.values() for k, v in t.items())
-    path = folder / f"{algorithm}-{beta}-{seed}{keys}.h5"
+    path = folder / f"{name}-{beta}-{seed}{keys}.h5"
     with Recorder.create(path, {"config": config}) as recorder:
         recorder.write_array("partition", np.array([[5, 0, 1], [0, 3, 3]]))
         for round, value in enumerate(curve):
@@ -532,3 +533,86 @@ def test_ungrouped_tables_and_a_missing_key_rendered_as_missing(folder):
     _write(folder, "fedavg", 0.1, 7, [0.5, 0.5], train={"mu": 0.1})     # the only run with train.mu
     lines = render(summary(load([folder]), ["train.mu"]), "md").splitlines()
     assert lines[2].startswith("| 0.1000 | 1 |") and lines[3].startswith("| (missing) | 5 |")
+
+
+def test_a_parameter_only_the_arm_has_is_compared_with_the_whole_baseline_in_each_of_its_groups(tmp_path):
+    """FedProx's mu swept against FedAvg, which has no mu: each mu pairs with the FedAvg runs of its seeds."""
+    _arms(tmp_path, {"fedavg": [0.50, 0.60, 0.70]})
+    for mu, shift in ((0.01, 0.02), (0.1, -0.04)):
+        for seed, base in enumerate([0.50, 0.60, 0.70]):
+            _write(tmp_path, "fedprox", 0.1, seed, [0.1, base + shift + 0.01 * seed], algorithm={"params": {"mu": mu}})
+    table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    rows = {r["algorithm.params.mu"]: r for r in table.to_dict("records")}
+    assert unpaired == [] and sorted(rows) == [0.01, 0.1] and [r["n"] for r in rows.values()] == [3, 3]
+    assert rows[0.01]["effect_mean"] == pytest.approx(0.03) and rows[0.1]["effect_mean"] == pytest.approx(-0.03)
+    assert table.attrs["also_differ"] == []
+    speedups = rounds_to_target(load([tmp_path]), 0.55, ["algorithm.name", "algorithm.params.mu"],
+                                {"algorithm.name": "fedavg"})
+    assert speedups["speedup"].tolist() == [1.0, 1.0, 1.0]          # every run that reaches 0.55 does so in round 2
+
+
+def test_runs_without_the_baseline_key_are_an_arm_and_keys_set_per_arm_are_named(tmp_path, capsys):
+    for seed, (plain, half, most) in enumerate([(0.5, 0.52, 0.55), (0.6, 0.61, 0.64), (0.7, 0.73, 0.76)]):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.1, plain])                          # no server_momentum
+        _write(tmp_path, "fedavgm", 0.1, seed, [0.1, half], algorithm={"params": {"server_momentum": 0.5}})
+        _write(tmp_path, "fedavgm", 0.1, seed, [0.1, most], algorithm={"params": {"server_momentum": 0.9}})
+    table, unpaired = compare(load([tmp_path]), {"algorithm.params.server_momentum": "0.5"})
+    rows = {r["algorithm.params.server_momentum"]: r for r in table.to_dict("records")}
+    assert unpaired == [] and sorted(rows) == [MISSING, "0.9"]                   # FedAvg's runs are not dropped
+    assert rows[MISSING]["effect_mean"] == pytest.approx(-0.02) and rows["0.9"]["effect_mean"] == pytest.approx(0.03)
+    with pytest.raises(ValueError, match=r"no run has algorithm.params.server_momentum = 0.7; values: "
+                                         r"\['\(missing\)', '0.5', '0.9'\]"):
+        compare(load([tmp_path]), {"algorithm.params.server_momentum": "0.7"})
+    other = tmp_path / "other"
+    other.mkdir()
+    _arms(other, {"fedavg": [0.5, 0.6]})
+    for seed, final in enumerate([0.55, 0.66]):
+        _write(other, "fedavgm", 0.5, seed, [0.1, final])                            # another beta, per arm
+    table, _ = compare(load([other]), {"algorithm.name": "fedavg"})
+    assert table.attrs["also_differ"] == ["data.partition_params.beta"] and table.iloc[0]["n"] == 2
+    assert main(["compare", str(other), "--baseline", "algorithm.name=fedavg"]) == 0
+    assert ("note: the arms also differ in ['data.partition_params.beta'] (each the same within an arm): the effects "
+            "are of each arm with its values, not of algorithm.name alone") in capsys.readouterr().err
+
+
+def _client_run(folder, name, seed, rows, final=None, status="completed"):
+    config = {"run": {"seed": seed, "name": name}, "algorithm": {"name": name.split("-")[0]}}
+    with Recorder.create(folder / f"{name}.h5", {"config": config}) as recorder:
+        for round, row in enumerate(rows):
+            recorder.append_round(round, {"client/local_test_acc": np.array(row), "round/val_acc": 0.1 * round})
+        if final is not None:
+            recorder.write_array("final/feature_nmi", np.float64(final))
+        recorder.set_attr("status", status)
+
+
+def test_a_client_metric_is_read_by_its_cohort_mean_and_a_final_figure_only_as_final(tmp_path, capsys):
+    for seed in range(2):                              # the cohort's mean by round: 0.3, 0.5, then 0.6 + 0.1 seed
+        _client_run(tmp_path, f"local_only-{seed}", seed,
+                    [[0.2, 0.4, np.nan], [np.nan, 0.5, np.nan], [0.6 + 0.1 * seed, np.nan, 0.6 + 0.1 * seed]],
+                    final=0.7 + 0.1 * seed)
+        _client_run(tmp_path, f"ensemble-{seed}", seed, [[0.2, 0.2, 0.2]] * 3, final=0.5)
+    results = load([tmp_path], metrics=("client/local_test_acc", "round/val_acc", "final/feature_nmi"))
+    table = summary(results, ["algorithm.name"], metric="client/local_test_acc", last=2)
+    row = table.set_index("algorithm.name").loc["local_only"]
+    assert row["final_mean"] == pytest.approx(0.65) and row["last2_mean"] == pytest.approx((0.5 + 0.65) / 2)
+    assert row["best_val_mean"] == pytest.approx(0.65)                       # round 2 has the highest val_acc
+    paired, _ = compare(results, {"algorithm.name": "ensemble"}, metric="client/local_test_acc")
+    assert paired.iloc[0]["effect_mean"] == pytest.approx(0.45) and paired.iloc[0]["n"] == 2
+    nmi = summary(results, ["algorithm.name"], metric="final/feature_nmi").set_index("algorithm.name")
+    assert nmi.loc["local_only", "final_mean"] == pytest.approx(0.75)
+    assert "best_val_mean" not in nmi and nmi["last10_mean"].isna().all()       # written once: no round to select
+    cut = truncate(results, rounds=2)
+    assert np.isnan(cut.series[str(tmp_path / "local_only-0.h5")]["final/feature_nmi"]).all()   # of the whole run
+    assert truncate(results, rounds=3).series[str(tmp_path / "local_only-0.h5")]["final/feature_nmi"] == 0.7
+    assert main(["table", str(tmp_path), "--metric", "client/local_test_accuracy"]) == 2
+    assert ("--metric client/local_test_accuracy is recorded in none of these runs (a typo?"
+            in capsys.readouterr().err)
+
+
+def test_a_comparison_without_pairs_gives_no_test_error(tmp_path):
+    for seed in range(2):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.1, 0.5])
+        _write(tmp_path, "fedprox", 0.1, seed + 5, [0.1, 0.6])                    # other seeds: no pair
+    table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    assert table.iloc[0]["n"] == 0 and len(unpaired) == 4
+    assert "test_se" not in table or np.isnan(table.iloc[0]["test_se"])
