@@ -162,7 +162,8 @@ class Algorithm:
                               f"model.architectures = {list(job.architectures)} needs an algorithm for "
                               "heterogeneous clients (fedclassavg, fedproto, local_only, ensemble)")
         own = [cls.term.name] if cls.term else []           # a preset's own term (FedFM's fm_cg) counts too
-        matching = matching_terms(dict.fromkeys([*own, *job.algorithm.terms]))
+        matching = [*(own if cls.term and cls.term.needs_anchors else []),
+                    *(name for name in matching_terms(job.algorithm.terms) if name not in own)]
         if len(matching) > 1:
             brings = f" (algorithm '{cls.name}' brings '{own[0]}' itself)" if own and own[0] in matching else ""
             raise ConfigError(f"algorithm.terms has {matching}: use one feature-matching term{brings}")

@@ -64,9 +64,11 @@ def check_job(job: JobConfig, algorithm: type, supported: list[str]) -> None:
                           f"(pytorch/pytorch#192617: they would compute in fp32); set {KEY} = 0, or "
                           "train.precision = 'fp32'")
     odd = sorted(name for name in job.algorithm.terms if not TERMS.resolve(name, "algorithm.terms").batchable)
+    if algorithm.term and not algorithm.term.batchable:           # its own, from algorithm.params (FedProx's prox)
+        odd.append(f"{algorithm.term.name} (algorithm '{algorithm.name}''s own)")
     if odd:
-        raise ConfigError(f"{KEY} = {job.train.batched_clients}: the terms {odd} in algorithm.terms do not declare "
-                          f"that they run under vmap (Term.batchable): drop them, or set {KEY} = 0")
+        raise ConfigError(f"{KEY} = {job.train.batched_clients}: the terms {odd} do not declare that they run "
+                          f"under vmap (Term.batchable): drop them, or set {KEY} = 0")
 
 
 AUTO_GROUP = 16    # 'auto' on a GPU: at most this many clients a group (memory grows with it: 16 ResNet-18s

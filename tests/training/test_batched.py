@@ -12,7 +12,7 @@ from helpers import launch
 from torch import nn
 
 from hpcfl.algorithms import ALGORITHMS
-from hpcfl.algorithms.base import Client
+from hpcfl.algorithms.base import Client, Traits
 from hpcfl.data.base import resolve_data_root
 from hpcfl.data.datasets import load_dataset
 from hpcfl.errors import ConfigError
@@ -98,6 +98,12 @@ class Toward(Term):
 class Unvouched(Term):
     """A plug-in term that does not declare batchable."""
     name = "unvouched"
+
+
+class OwnUnvouched(ALGORITHMS["fedprox"]):
+    """A plug-in algorithm that batches, with an own term that does not declare it."""
+    name, term, Params = "own_unvouched", Unvouched, ALGORITHMS["fedavg"].Params
+    traits = Traits(batched=True)
 
 
 def _trainer(setting="sgd", **train):
@@ -309,10 +315,18 @@ def test_a_nonfinite_client_is_caught_alike_and_spares_its_group(tiny_job, tmp_p
 
 @pytest.mark.parametrize("job", [{"algorithm": {"name": "fedma"}, "train": {"clients_per_round": 20}},
                                  {"algorithm": {"name": "fedavg", "terms": [f"{__name__}:Unvouched"]}},
+                                 {"algorithm": {"name": f"{__name__}:OwnUnvouched"}},
                                  {"train": {"precision": "bf16"}}])
 def test_a_job_that_cannot_batch_is_refused_naming_the_key(job):
-    with pytest.raises(ConfigError, match="train.batched_clients"):
+    with pytest.raises(ConfigError, match="train.batched_clients") as refusal:
         job_from_dict({**job, "train": {**job.get("train", {}), "batched_clients": 4}})
+    if "Unvouched" in str(job):
+        assert "do not declare that they run under vmap" in str(refusal.value)
+
+
+def test_a_plug_in_algorithm_with_a_plug_in_term_of_its_own_is_taken_one_client_at_a_time():
+    job = job_from_dict({"algorithm": {"name": f"{__name__}:OwnUnvouched"}, "train": {"batched_clients": 0}})
+    assert job.algorithm.name.endswith(":OwnUnvouched")
 
 
 def test_a_model_with_dropout_is_refused_naming_the_key():
