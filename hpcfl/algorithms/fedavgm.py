@@ -22,7 +22,8 @@ from hpcfl.algorithms.fedavg import FedAvg
 class FedAvgM(FedAvg):
     """FedAvgM (Hsu et al., 2019): server momentum on the pseudo-gradient, by default at FedAvg's step."""
     name = "fedavgm"
-    traits = Traits(batched=True, stateless=True)
+    traits = Traits(batched=True, stateless=True,
+                    shared_batchnorm="its server step takes the change from the global model as a pseudo-gradient")
 
     @dataclass(frozen=True)
     class Params:

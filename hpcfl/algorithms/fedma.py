@@ -60,7 +60,7 @@ from hpcfl.algorithms.neurons import (
     with_signature,
 )
 from hpcfl.algorithms.phases import MATCHED, Matching, MatchPhase, Phase
-from hpcfl.errors import ConfigError
+from hpcfl.errors import ConfigError, TrainingFault
 from hpcfl.payload import Layout
 from hpcfl.seeding import numpy_rng
 
@@ -93,6 +93,9 @@ class FedMA(Matching, Algorithm):
                               f"model): set train.clients_per_round = data.num_clients = {job.data.num_clients}")
         if job.algorithm.terms:
             raise ConfigError("fedma clients train on cross-entropy alone: drop algorithm.terms")
+        if job.train.on_nonfinite == "drop":
+            raise ConfigError("fedma matches every client's neurons within the round, so a client cannot be left "
+                              "out of it: set train.on_nonfinite = 'stop'")
 
     def __init__(self, params, setup):
         super().__init__(params, setup)
@@ -201,6 +204,10 @@ class FedMA(Matching, Algorithm):
             client.state.setdefault("assignment", {})[self.layers[i].name] = assignment
             resize_(model, self._install(client.state["model"], i, downlink[MATCHED]["global"], assignment))
             metrics = self._retrain(model, client, round, trainer, i) if self.params.retrain else {}
+        if not all(v.isfinite().all() for v in model.state_dict().values() if v.is_floating_point()):
+            raise TrainingFault(f"round {round + 1}, phase '{phase.name}': client {client.id}'s model is not finite "
+                                "(NaN/Inf) after training, and fedma cannot match its neurons, so the run stops "
+                                "(its earlier rounds are recorded). Fix: lower train.lr")
         client.state["model"] = {k: v.detach() for k, v in model.state_dict().items()}
         return {}, metrics
 

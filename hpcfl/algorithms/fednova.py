@@ -17,6 +17,8 @@ their server step is larger by sum p tau / sum p a (about 1.005 at lr mu = 1e-4 
 at lr mu = 0.05). A client that took no step (a_i = 0) sends d_i = 0.
 Buffers (BatchNorm statistics) take the sample-weighted mean.
 """
+from dataclasses import dataclass
+
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.errors import ConfigError
@@ -62,6 +64,10 @@ class FedNova(FedAvg):
     traits = Traits(batched=True, stateless=True,
                     sgd_only="its normalisation counts SGD steps (with momentum and prox)",
                     shared_batchnorm="it normalises the change from the received model")
+
+    @dataclass(frozen=True)
+    class Params:
+        """None of its own: every client starts from the shared model (FedAvg's `init` is not FedNova's)."""
 
     @classmethod
     def check(cls, job):

@@ -41,7 +41,8 @@ from hpcfl.algorithms.fedavg import FedAvg
 class FedOpt(FedAvg):
     """Algorithm 2 of Reddi et al. (ICLR 2021): an adaptive server step on the cohort's mean model change.
     Subclasses name the second-moment rule (`second_moment`)."""
-    traits = Traits(batched=True, stateless=True)
+    traits = Traits(batched=True, stateless=True,
+                    shared_batchnorm="its server step takes the change from the global model as a pseudo-gradient")
 
     @dataclass(frozen=True)
     class Params:

@@ -94,12 +94,17 @@ def test_local_batchnorm_policy_keeps_each_clients_own_layers():
     assert other.state == {}                                               # "average": nothing kept
 
 
-@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fednova"])
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad"])
 def test_algorithms_measuring_from_the_received_model_refuse_local_batchnorm(name):
     with pytest.raises(ConfigError, match=f"algorithm '{name}' needs model.batchnorm = \"average\": .* starts from "
                                           "its own"):
         job_from_dict({"algorithm": {"name": name}, "model": {"batchnorm": "local"}})
     job_from_dict({"algorithm": {"name": "fedprox"}, "model": {"batchnorm": "local"}})      # prox: see below
+
+
+def test_fednova_takes_no_init_since_it_measures_from_the_shared_model():
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['init'\] in \[algorithm.params\]; valid: none"):
+        job_from_dict({"algorithm": {"name": "fednova", "params": {"init": "independent"}}})
 
 
 def test_with_local_batchnorm_the_proximal_term_pulls_towards_the_clients_own_layers():

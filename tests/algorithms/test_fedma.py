@@ -177,13 +177,28 @@ def test_one_shot_matching_beats_coordinate_wise_averaging_of_the_same_local_mod
     assert matched_acc > averaged_acc + 0.15, (matched_acc, averaged_acc)      # measured: 0.33 vs 0.10
 
 
-def test_partial_participation_and_terms_are_refused():
+def test_partial_participation_terms_and_dropping_a_client_are_refused():
     base = {"algorithm": {"name": "fedma"}, "data": {"num_clients": 4}}
     with pytest.raises(ConfigError, match="clients_per_round = data.num_clients = 4"):
         job_from_dict({**base, "train": {"clients_per_round": 2}})
     with pytest.raises(ConfigError, match="terms"):
         job_from_dict({**base, "train": {"clients_per_round": 4},
                        "algorithm": {"name": "fedma", "terms": {"prox": {}}}})
+    with pytest.raises(ConfigError, match="a client cannot be left out of it: set train.on_nonfinite = 'stop'"):
+        job_from_dict({**base, "train": {"clients_per_round": 4, "on_nonfinite": "drop"}})
+
+
+def test_a_client_whose_model_is_not_finite_stops_the_run_before_its_neurons_are_matched():
+    from hpcfl.errors import TrainingFault
+
+    torch.manual_seed(0)
+    net = MLP()
+    fedma = make("fedma", net, {}, train={"clients_per_round": 4})
+    me = client(2)
+    me.state = fedma.init_client_state(me, net)
+    with pytest.raises(TrainingFault, match=r"round 1, phase 'train': client 2's model is not finite \(NaN/Inf\) "
+                                            r"after training, and fedma cannot match its neurons"):
+        fedma.client_update(fedma.plan(0)[0], 0, me, {}, net, StepTrainer(target=float("nan")))
 
 
 def test_the_shakespeare_job_matches_lstms_of_speaking_roles(tmp_path, capsys):
