@@ -109,7 +109,8 @@ class TrainConfig:
                                     # per (round, client)
     on_nonfinite: str = "stop"      # a client whose loss or update is NaN/Inf is left out of the aggregate and
                                     # recorded (client/nonfinite); stop: end the run after that round (exit 1);
-                                    # drop: go on, the client keeping its state of before the round
+                                    # drop: go on, the client keeping its state of before the phase (the
+                                    # round, for an algorithm of one training phase); fedma: stop only
     batched_clients: int | str = "auto"     # train up to this many of a worker's sampled clients as one batched
                                     # computation, equal to one after another to float rounding: every algorithm
                                     # but fedma, no dropout; 0: one after another; auto: on a GPU groups of up

@@ -4,10 +4,12 @@ Every random choice in a run (cohort schedule, partition, model init, a client's
 draws from its own generator keyed by what it is for, so a job gives the same numbers whether its
 clients live on one process or on many.
 
-NumPy's SeedSequence pads its entropy with zeros, so trailing zero keys name the stream without
-them: (seed, "init", 0) is (seed, "init"). Streams that must differ take purposes of their own (the
-one such pair, "init" for the global model and ("init", client) for `init = "independent"`, is
-harmless: client 0's own initialisation is then the global model's, which round 0 does not send).
+NumPy's SeedSequence pads its entropy to four words with zeros, so a trailing zero key within those
+words names the stream without it: (seed, "init", 0) is (seed, "init") (keys past the fourth word
+are not padded, and callers add a trailing `part` key only when it is not 0). Streams that must
+differ take purposes of their own (the one such pair, "init" for the global model and ("init",
+client) for `init = "independent"`, is harmless: client 0's own initialisation is then the global
+model's, which round 0 does not send).
 Changing the derivation would change every stream, and so every result.
 """
 import zlib

@@ -54,6 +54,7 @@ def run(job: Job) -> bool:
     round is done."""
     cfg, transport = job.config, job.transport
     evaluation, times, began = {}, [], time.perf_counter()
+    transport.take_stats()              # set-up's waits and bytes are not the first round's
     for number in range(job.start_round, cfg.run.rounds):
         start = time.perf_counter()
         transport.round = number

@@ -89,15 +89,18 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
     for j, key in enumerate(CLIENT_METRICS[:-1]):
         if key in job.client_metrics:
             values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)
-    if "client/local_test_acc" in values:                  # personalised accuracy across the cohort
-        personal = values["client/local_test_acc"][cohort]
-        values["round/personal_acc_mean"], values["round/personal_acc_std"] = personal.mean(), personal.std()
+    if "client/local_test_acc" in values:                  # personalised accuracy across the cohort's
+        personal = values["client/local_test_acc"][cohort]  # models (a dropped client's is NaN: none)
+        personal = personal[np.isfinite(personal)]
+        values["round/personal_acc_mean"], values["round/personal_acc_std"] = (
+            (personal.mean(), personal.std()) if len(personal) else (np.nan, np.nan))
     if "local_test_correct" in blocks:
         values["example/local_test_correct"] = local_test_bits(job, blocks["local_test_correct"], cohort)
     if "client/val_acc" in values and not job.algorithm.traits.global_model and cfg.evaluates(round):
-        values["round/val_acc"] = float(np.nanmean(values["client/val_acc"][cohort]))   # the clients' own models
+        held = values["client/val_acc"][cohort]                    # the clients' own models (none if all dropped)
+        values["round/val_acc"] = float(np.mean(held[np.isfinite(held)])) if np.isfinite(held).any() else np.nan
     samples, loss = rows[:, CLIENT_COLUMN["num_samples"]], rows[:, CLIENT_COLUMN["train_loss"]]
-    trained = [c for c in cohort if np.isfinite(loss[c])]          # a dropped NaN/Inf client is left out
+    trained = [c for c in cohort if not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]   # a dropped client is left out
     values["round/train_loss"] = (float(np.sum(loss[trained] * samples[trained]) / np.sum(samples[trained]))
                                   if trained else np.nan)
     values.update(evaluation)

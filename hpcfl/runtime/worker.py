@@ -66,9 +66,9 @@ class Worker:
                                  f"kept {kept[:3]}: its class must not set `stateless`, nor a term it uses leave "
                                  "keeps_state unset")
             if not _finite(contributions, metrics):            # left out of the sums; the server decides
+                rows[cid] = np.nan                              # no figure of a model left out, but its loss
                 rows[cid, column["nonfinite"]] = 1.0
-                if "train_loss" in metrics:
-                    rows[cid, column["train_loss"]] = metrics["train_loss"]
+                rows[cid, column["train_loss"]] = metrics.get("train_loss", np.nan)
                 if before is not None:
                     client.keep(before)
                 continue
@@ -85,7 +85,8 @@ class Worker:
             if "class_acc" in blocks:
                 tested = evaluate(model, *client.test_set, self.num_classes, self.eval_batch)
                 blocks["class_acc"][cid] = tested["class_acc"]
-            metrics = {**metrics, "nonfinite": 0.0}             # trained and finite (an unsampled client: NaN)
+            # trained and finite (1 if an earlier phase of the round was not; an unsampled client: NaN)
+            metrics = {**metrics, "nonfinite": float(rows[cid, column["nonfinite"]] > 0)}
             for j, key in enumerate(metric_names):
                 rows[cid, j] = metrics.get(key, np.nan)
         self.compute_s += time.perf_counter() - start

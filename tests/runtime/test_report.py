@@ -95,10 +95,11 @@ def test_the_cohorts_local_test_examples_are_packed_in_client_order_zeros_for_th
 
 
 def _round_rows():
-    """Clients 0, 2, 3 trained (3's loss NaN, dropped), on 10, 30 and 20 examples; client 1 did not."""
+    """Clients 0, 2, 3 trained on 10, 30 and 20 examples, 3 dropped (its update not finite, its loss is: the
+    worker gives it no other figure); client 1 did not."""
     rows = np.zeros((4, len(CLIENT_METRICS)))
     for c, values in {0: (0.5, 4, 0.8, 0.6, 1.0, 0.0, 0, 10), 2: (1.0, 6, 0.6, 0.9, 0.5, 0.0, 0, 30),
-                      3: (np.nan, 2, 0.4, 0.3, 2.0, 0.0, 1, 20)}.items():
+                      3: (3.0, np.nan, np.nan, np.nan, np.nan, np.nan, 1, 20)}.items():
         rows[c] = values
     ranks = np.zeros((3, len(RANK_METRICS)))
     ranks[:, RANK_METRICS.index("compute_s")] = [0.1, 2.0, 4.0]
@@ -113,24 +114,24 @@ def test_a_round_records_the_cohorts_metrics_the_sample_weighted_loss_and_the_wo
            {"train": 1.25}, {"up": {"model": 400}, "down": {"model": 800}}, 3.5, "eta 1 min")
     [(round, values)] = job.recorder.rounds
     assert round == 1
-    expected = {"client/rank": [1, np.nan, 2, 1], "client/train_loss": [0.5, np.nan, 1.0, np.nan],
-                "client/steps": [4, np.nan, 6, 2], "client/val_acc": [0.8, np.nan, 0.6, 0.4],
-                "client/local_test_acc": [0.6, np.nan, 0.9, 0.3], "client/local_test_loss": [1.0, np.nan, 0.5, 2.0],
-                "client/nonfinite": [0, np.nan, 0, 1]}
+    expected = {"client/rank": [1, np.nan, 2, 1], "client/train_loss": [0.5, np.nan, 1.0, 3.0],
+                "client/steps": [4, np.nan, 6, np.nan], "client/val_acc": [0.8, np.nan, 0.6, np.nan],
+                "client/local_test_acc": [0.6, np.nan, 0.9, np.nan],
+                "client/local_test_loss": [1.0, np.nan, 0.5, np.nan], "client/nonfinite": [0, np.nan, 0, 1]}
     for key, value in expected.items():
         np.testing.assert_array_equal(values.pop(key), value, err_msg=key)
     for j, key in enumerate(RANK_METRICS):
         np.testing.assert_array_equal(values.pop(f"rank/{key}"), _round_rows()[-3 * len(RANK_METRICS):]
                                       .reshape(3, -1)[:, j])
     assert values == pytest.approx({
-        "round/personal_acc_mean": 0.6, "round/personal_acc_std": np.sqrt(0.06),
-        "round/val_acc": 0.6,                                  # the clients' own models (no global model)
-        "round/train_loss": (0.5 * 10 + 1.0 * 30) / 40,        # client 3's NaN left out
+        "round/personal_acc_mean": 0.75, "round/personal_acc_std": 0.15,   # the models kept: 0 and 2
+        "round/val_acc": 0.7,                                  # the clients' own models (no global model)
+        "round/train_loss": (0.5 * 10 + 1.0 * 30) / 40,        # client 3's left out
         "round/test_acc": 0.7, "round/test_loss": 0.9, "round/bytes_up/model": 400.0,
         "round/bytes_down/model": 800.0, "round/phase_s/train": 1.25, "round/time_s": 3.5,
         "round/imbalance_s": 4.0 - 3.0})                       # the workers' (ranks 1, 2), not the server's
-    assert hpcfl_log.messages == ["round    2/3  test_acc 0.7000  test_loss 0.9000  personal_acc 0.6000  "
-                               "val_acc 0.6000  train_loss 0.8750    3.50 s  eta 1 min"]
+    assert hpcfl_log.messages == ["round    2/3  test_acc 0.7000  test_loss 0.9000  personal_acc 0.7500  "
+                               "val_acc 0.7000  train_loss 0.8750    3.50 s  eta 1 min"]
 
 
 def test_the_last_round_logs_the_state_the_workers_hold_and_a_global_model_has_no_client_val_acc(hpcfl_log):

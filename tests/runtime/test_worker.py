@@ -148,7 +148,7 @@ def test_a_phase_sums_the_finite_weighted_updates_and_flags_the_others(tmp_path)
                                                 np.log(np.exp(0) + np.exp(1) + np.exp(-1)) - 1,
                                                 np.log(np.exp(-1) + np.exp(-2) + np.exp(3)) + 2,
                                                 np.log(np.exp(1) + np.exp(3) + np.exp(-4)) - 3]))
-    assert rows[0, 1] == 0.0 and rows[1, 1] == 1.0 and np.isnan(rows[1, 0]) and rows[1, 2:].sum() == 0
+    assert rows[0, 1] == 0.0 and rows[1, 1] == 1.0 and np.isnan(rows[1, 0]) and np.isnan(rows[1, 2:]).all()
     np.testing.assert_array_equal(rows[2, [0, 4]], [0.25, 2])
     np.testing.assert_array_equal(blocks["val_correct"][0], [1, 1, 0, 1])
     np.testing.assert_array_equal(blocks["class_acc"][0], [1.0, 1.0, 0.0])        # classes 0 and 1 right, 2 unseen
@@ -157,6 +157,15 @@ def test_a_phase_sums_the_finite_weighted_updates_and_flags_the_others(tmp_path)
     kept = worker.clients[0].state["scripted"]["c"]
     assert kept.tolist() == [99.0, 99.0] and not kept.requires_grad                 # kept, detached, on the CPU
     assert 0 < worker.compute_s <= elapsed                                          # the phase's own time
+
+
+def test_a_client_flagged_in_one_phase_stays_flagged_when_a_later_phase_of_the_round_is_finite():
+    worker = _worker({0: ([1.0, 2.0], 1.0, {"train_loss": float("nan")})}, drop=True)
+    rows = np.zeros((3, len(METRICS)))
+    worker.run_phase(PHASE, 0, [0], {}, rows, METRICS)
+    worker.algorithm.script[0] = ([1.0, 2.0], 1.0, {"train_loss": 0.5, "steps": 4})
+    worker.run_phase(PHASE, 0, [0], {}, rows, METRICS)
+    assert rows[0, 1] == 1.0 and rows[0, 0] == 0.5            # the second phase's figures, the round's flag
 
 
 def test_a_phase_without_training_sums_and_writes_no_row():
