@@ -105,6 +105,24 @@ def _counts(mine_done, base_done, kept: np.ndarray, unfinished: bool, stat: str)
             **({"not_reached": int((done & ~kept).sum())} if stat == "rounds" else {})}
 
 
+def _baseline_of(base_runs: pd.DataFrame, group: dict) -> pd.DataFrame:
+    """The baseline's runs of a group: those with its value of every group key they have. A key they
+    lack (a parameter of the other arms' algorithm only, such as FedProx's mu against FedAvg) leaves the
+    baseline the same in each of its groups."""
+    match = np.ones(len(base_runs), dtype=bool)
+    for key, value in group.items():
+        if base_runs[key].notna().any():
+            match &= (base_runs[key].map(shown) == shown(value)).to_numpy()
+    return base_runs[match]
+
+
+def _refuse_twins(runs: pd.DataFrame) -> None:
+    twins = runs[runs.duplicated(["#arm", *PAIR_KEYS], keep=False)]
+    if len(twins):
+        raise ValueError(f"runs {sorted(twins['path'])} share every compared key and seed, so none can be paired; "
+                         "name the key that tells them apart with --by, or analyse them apart")
+
+
 def compare(results: Results, baseline: dict, stat: str = "final", metric: str = "round/test_acc",
             last: int = 10, target: float | None = None, by: list[str] | None = None,
             select: tuple[str, str] | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -136,24 +154,13 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
                                 if not (arm_of[k].agg(lambda v: v.astype(str).nunique(dropna=False)) == 1).all()]
               if k != key]
     base_runs, arms = runs[runs["#arm"] == str(reference)], runs[runs["#arm"] != str(reference)]
-    # a key the baseline's runs lack (a parameter of the other arms' algorithm only, such as FedProx's mu
-    # against FedAvg): the baseline is the same in each of its groups
-    lacking = {k for k in groups if base_runs[k].isna().all()}
     higher_is_better = not metric.endswith("loss")          # an accuracy, or a speed-up
     null = 1.0 if stat == "rounds" else 0.0
     rows, unpaired, partnered = [], [], set()
     unfinished = not runs["#done"].all()
     for values, group in (arms.groupby(groups, dropna=False) if groups else [((), arms)]):     # keys as tuples
-        match = np.ones(len(base_runs), dtype=bool)
-        for k, value in zip(groups, values, strict=True):
-            if k not in lacking:
-                match &= (base_runs[k].map(shown) == shown(value)).to_numpy()
-        base_group = base_runs[match]
-        both = pd.concat([group, base_group])
-        twins = both[both.duplicated(["#arm", *PAIR_KEYS], keep=False)]
-        if len(twins):
-            raise ValueError(f"runs {sorted(twins['path'])} share every compared key and seed, so none can be paired; "
-                             "name the key that tells them apart with --by, or analyse them apart")
+        base_group = _baseline_of(base_runs, dict(zip(groups, values, strict=True)))
+        _refuse_twins(pd.concat([group, base_group]))
         base = base_group.set_index(list(PAIR_KEYS))
         for arm, runs_of_arm in group.groupby("#arm"):
             mine = runs_of_arm.set_index(list(PAIR_KEYS))
