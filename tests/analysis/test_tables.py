@@ -371,10 +371,10 @@ def test_a_consistent_speedup_is_better_than_no_effect_at_one(tmp_path):
 
 def test_compare_keeps_runs_whose_grouping_key_is_missing(tmp_path):
     _arms(tmp_path, {"fedavg": [0.5, 0.6], "fedprox": [0.6, 0.8]})                  # no data.min_samples
-    _arms(tmp_path, {"fedavg": [0.5, 0.6], "fedprox": [0.4, 0.4]}, data={"min_samples": 5})
+    _arms(tmp_path, {"fedavg": [0.3, 0.4], "fedprox": [0.4, 0.4]}, data={"min_samples": 5})
     table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
     assert unpaired == [] and list(table["n"]) == [2, 2]
-    assert sorted(table["effect_mean"]) == [pytest.approx(-0.15), pytest.approx(0.15)]
+    assert sorted(table["effect_mean"]) == [pytest.approx(0.05), pytest.approx(0.15)]   # each with its own fedavg
 
 
 def test_compare_pairs_sweep_arms_that_set_several_keys_within_each_grid_value(tmp_path):
@@ -385,6 +385,7 @@ def test_compare_pairs_sweep_arms_that_set_several_keys_within_each_grid_value(t
                    run={"arm": "FedCME"}, data={"validation_fraction": 0.1})   # a second key set by the arm
     table, unpaired = compare(load([tmp_path]), {"run.arm": "FedAvg"})
     assert unpaired == [] and list(table.columns[:2]) == ["data.partition_params.beta", "run.arm"]
+    assert table.attrs["also_differ"] == ["data.validation_fraction"]          # beta is a group, not the arm's
     rows = {r["data.partition_params.beta"]: r for r in table.to_dict("records")}
     assert rows[0.1]["n"] == 3 and rows[0.1]["effect_mean"] == pytest.approx(0.021)
     assert rows[0.5]["effect_mean"] == pytest.approx(-0.029) and rows[0.5]["verdict"] == "worse"
