@@ -586,6 +586,7 @@ def test_a_frozen_copy_runs_without_gradients_in_evaluation_mode_and_is_made_onc
     from hpcfl.terms.base import Frozen
 
     model, frozen = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)).train(), Frozen()
+    assert frozen.net is None                              # no copy before a client loads one
     state = {k: torch.full_like(v, 2.0) for k, v in model.state_dict().items()}
     frozen.load(model, state)
     net = frozen.net

@@ -147,8 +147,8 @@ def writing(result_path: Path) -> bool:
     except FileNotFoundError:                           # no lock (or it went as the run ended)
         return False
     finally:
-        with contextlib.suppress(OSError):
-            probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):               # never written, or a read-only mount
+            probe.unlink()
     return silent <= STALE_S
 
 
