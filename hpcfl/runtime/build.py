@@ -91,6 +91,8 @@ def setup(job: Resolved, transport: Transport, data_root: str | None, local_rank
         except HpcflError as err:
             info["error"] = f"{type(err).__name__}: {err}"
         _raise_failures(built, job, transport, transport.share(info))
+    if built.server and reports[0].get("resume_file"):     # cut back to the checkpoint once every rank is ready
+        built.recorder = Recorder.reopen(job.config.result_path, reports[0]["resume"])
     if built.recorder:
         for key, value in run_attributes(job, reports).items():
             built.recorder.set_attr(key, value)
@@ -159,7 +161,7 @@ def _build(job: Resolved, transport: Transport, data_root, local_rank, info) -> 
     worker = (_worker(job, transport, split, models, algorithm, device)
               if transport.rank in placement.workers else None)
     server, recorder = (_server(job, transport, split, model, algorithm, device, models, placement,
-                                resume_file, rounds) if transport.is_server else (None, None))
+                                resume_file) if transport.is_server else (None, None))
     # 6. the cohorts
     cohorts = cohort_schedule(config.run.seed, config.run.rounds, config.data.num_clients,
                               config.train.clients_per_round)
@@ -223,18 +225,16 @@ def _worker(job: Resolved, transport: Transport, split: ClientData, models: dict
 
 
 def _server(job: Resolved, transport: Transport, split: ClientData, model, algorithm, device,
-            models: dict, placement: Placement, resume_file: bool,
-            rounds: int) -> tuple[Server, Recorder]:
-    """The server rank's part: the global model's evaluation, the result file (created, or reopened
-    to resume), and the run's description in the log."""
+            models: dict, placement: Placement, resume_file: bool) -> tuple[Server, Recorder | None]:
+    """The server rank's part: the global model's evaluation, the result file (created; a resumed
+    run's is reopened at the end of set-up), and the run's description in the log."""
     config, data = job.config, split.data
     validation = (data.train_rows(np.concatenate(split.val_parts))
                   if config.data.validation_fraction > 0 else None)
     server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device,
                     validation=validation)
-    if resume_file:
-        recorder = Recorder.reopen(job.config.result_path, rounds)
-    else:
+    recorder = None                 # a resumed run's file is reopened once every rank is set up (`setup`)
+    if not resume_file:
         arrays = {"partition": split.counts, "example/test_size": np.int64(data.test_y.shape[0]),
                   "example/local_test_sizes": split.local_test_sizes,
                   "shared_samples": split.shared}

@@ -69,15 +69,19 @@ def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
                                f"{path.name} is gone; move the folder away or delete it to start this run")
         return False, 0, None
     try:
-        existing = read_run(path).attrs
+        run = read_run(path)
     except ResultsError as err:             # names what is wrong with it; resuming adds the way out
         raise ResultsError(f"{err}; to start the run again, move it and {checkpoints.name} away") from None
+    existing = run.attrs
     if _resumable(current_names(existing.get("config", {}), warn=False)) != _resumable(json.loads(config.to_json())):
         raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
                            f"run.name, or delete or move the old file and its checkpoints ({checkpoints.name})")
     if existing.get("status") == "completed":
         raise RunCompleted(f"{path} is already complete; nothing to do (delete it to run again)")
     found = latest(checkpoints, LOG.warning)
+    if found and found[0] > run.rounds:     # refused here, on every rank, not as the file is reopened
+        raise ResultsError(f"{path} holds {run.rounds} rounds but its checkpoint is after round {found[0]}; the "
+                           "result file is older than the checkpoint: move one of them away")
     return True, (found[0] if found else 0), (found[1] if found else None)
 
 

@@ -4,6 +4,7 @@ where a run resumes, and when every rank checkpoints and stops."""
 import hashlib
 import json
 import re
+import shutil
 import warnings
 from types import SimpleNamespace
 
@@ -171,9 +172,11 @@ def unlocked():
     release()
 
 
-def _result_file(config, recorded=None, **attrs):
+def _result_file(config, recorded=None, rounds=2, **attrs):
     from hpcfl.metrics import Recorder
     recorder = Recorder.create(config.result_path, {"config": recorded or json.loads(config.to_json()), **attrs})
+    for round in range(rounds):
+        recorder.append_round(round, {"round/test_acc": 0.5})
     recorder.close()
 
 
@@ -189,6 +192,11 @@ def test_the_resume_point_is_nothing_a_checkpoint_or_a_refusal(tmp_path, unlocke
     for rounds in (1, 2):
         save(root, rounds, LocalTransport({}), {}, {}, {}, keep=2)
     assert resume_point(job) == (True, 2, root / "round-000002")
+    save(root, 3, LocalTransport({}), {}, {}, {}, keep=3)               # after the file's last round
+    with pytest.raises(ResultsError, match=r"holds 2 rounds but its checkpoint is after round 3; the result file is "
+                                           "older than the checkpoint"):
+        resume_point(job)
+    shutil.rmtree(root / "round-000003")
     changed = _config(tmp_path, checkpoint_every=3, threads=2)                # keys that may change on resume
     assert resume_point(SimpleNamespace(config=changed)) == (True, 2, root / "round-000002")
     with pytest.raises(ResultsError, match="from a run with another configuration; choose another run.name"):

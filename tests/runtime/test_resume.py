@@ -179,6 +179,21 @@ def test_client_states_in_the_flat_table_of_hpcfl_0_1_are_refused_with_the_fix(t
     assert "as earlier hpcfl did (0.1" in capsys.readouterr().err
 
 
+def test_a_resume_refused_in_set_up_leaves_the_rounds_after_the_checkpoint_in_the_file(tmp_path, capsys):
+    """The file is cut back to the checkpoint only once every rank is set up: a refused resume keeps them."""
+    job = _job(tmp_path)
+    assert _interrupt(job, tmp_path, "cut", 3, signal.SIGKILL) == -signal.SIGKILL
+    path = tmp_path / "results" / "resume" / "cut.h5"
+    newest = sorted(checkpoint_root(path).glob("round-*"))[-1]
+    done = read_run(path).rounds
+    assert done > int(newest.name.split("-")[1])                 # rounds after the checkpoint
+    manifest = json.loads((newest / MANIFEST).read_text())
+    (newest / MANIFEST).write_text(json.dumps({**manifest, "format": 1}))
+    assert main(_args(job, tmp_path, "cut")) == 2
+    assert "as earlier hpcfl did (0.1" in capsys.readouterr().err
+    assert read_run(path).rounds == done
+
+
 def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys):
     job = _job(tmp_path)
     assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
