@@ -46,7 +46,7 @@ EXIT_MEANING = {
     Exit.BAD_INPUT: "bad input (job file, override, data, result path, a result file another run is writing), "
                     "reported before any rank trains; for `hpcfl status`, a result file that cannot be read",
     Exit.RESUME: "stopped at a checkpoint after SIGUSR1/SIGTERM or a first Ctrl-C (SIGINT; a second aborts at "
-                 "once): run the same command again to resume (the SLURM scripts requeue)",
+                 "once): run the same command again to resume (the SLURM scripts requeue after USR1)",
 }
 
 

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from hpcfl.config import read_job_file
-from hpcfl.errors import ConfigError, Exit, HpcflError
+from hpcfl.errors import ConfigError, Exit, HpcflError, exit_help
 
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -123,7 +123,7 @@ def swept_keys(todo: list[list[str]]) -> set[str]:
 def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("job")
     parser.add_argument("--list", action="store_true", help="print the points with their indices and exit")

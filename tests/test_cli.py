@@ -35,9 +35,10 @@ def test_help_lists_every_command_and_every_exit_status(capsys):
     assert main(["trian"]) == Exit.BAD_INPUT and "unknown command 'trian'" in capsys.readouterr().err
     assert main(["--version"]) == Exit.DONE
     assert capsys.readouterr().out == f"hpcfl {hpcfl.__version__} (commit {git_commit()})\n"
-    with pytest.raises(SystemExit):
-        main(["run", "--help"])
-    assert "hpcfl run" in (out := capsys.readouterr().out) and "  3  stopped at a checkpoint" in out
+    for command in ("run", "sweep", "analyze"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert f"hpcfl {command}" in (out := capsys.readouterr().out) and "  3  stopped at a checkpoint" in out
 
 
 def test_check_prints_the_resolved_job_and_refuses_a_bad_one(tiny_job, capsys):

@@ -71,6 +71,7 @@ def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
     ("algorithm.name", '"labfl.model:Mlp"', "is not an hpcfl algorithm"),
     ("algorithm.params.stepp", "1.0", "algorithm.params"),
     ("model.name", '"labfl.model:Mpl"', "model.name = 'labfl.model:Mpl'"),
+
     ("data.dataset", '"labfl.data.blobs"', "data.dataset = 'labfl.data.blobs' is unknown"),
     ("data.partition", '"labfl.partition:shard"', "data.partition = 'labfl.partition:shard': module 'labfl.partition' "
                                                   "has no 'shard'"),
@@ -89,6 +90,17 @@ def test_a_bad_plugin_is_refused_before_training_naming_the_key(key, value, mess
     assert launch([str(path), "--set", f"{key}={value}"]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "plug").exists()                               # nothing ran, no result file
+
+
+@pytest.mark.parametrize("model, message", [
+    ("math:sqrt", "model.name = 'math:sqrt' cannot be called as math:sqrt(in_shape, num_classes) (too many "
+                  "positional arguments): a model plug-in is a class or function taking those"),
+    ("itertools:repeat", "model.name = 'itertools:repeat' returned a repeat, not a torch.nn.Module")])
+def test_a_model_plugin_of_the_wrong_kind_is_refused_in_set_up_naming_the_key(model, message, tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    assert launch([str(path), "--set", f"model.name={model!r}", "--set", "model.params={}"]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.mpi

@@ -37,7 +37,7 @@ NEEDS = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "mlflow": ("
 TARGETS = tuple(NEEDS)
 # target -> how to look at what it wrote
 VIEW = {"tensorboard": "tensorboard --logdir {out}",
-        "mlflow": "MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {out}",
+        "mlflow": "MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {out} (the ui needs pip install mlflow)",
         "wandb": "wandb sync {out}/wandb/offline-run-* (uploads them)"}
 
 
@@ -96,6 +96,18 @@ def to_tensorboard(replay: Replay, out: Path) -> Path:
     return folder
 
 
+def _runs_named(client, experiment: str, name: str) -> list:
+    """The experiment's runs an earlier export of run `name` wrote, matched here, not in a filter string
+    (where a quote in the name would end the string)."""
+    found, token = [], None
+    while True:
+        page = client.search_runs([experiment], max_results=1000, page_token=token)
+        found += [run for run in page if run.data.tags.get("hpcfl.run") == name]
+        token = page.token
+        if not token:
+            return found
+
+
 def to_mlflow(replay: Replay, out: Path) -> Path:
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.entities import Metric, Param
@@ -103,7 +115,7 @@ def to_mlflow(replay: Replay, out: Path) -> Path:
     client = MlflowClient(tracking_uri=out.resolve().as_uri())
     found = client.get_experiment_by_name(replay.study)
     experiment = found.experiment_id if found else client.create_experiment(replay.study)
-    for old in client.search_runs([experiment], f"tags.`hpcfl.run` = '{replay.name}'"):
+    for old in _runs_named(client, experiment, replay.name):
         client.delete_run(old.info.run_id)
     run = client.create_run(experiment, run_name=replay.name, tags={
         "hpcfl.run": replay.name, "hpcfl.status": replay.status, "hpcfl.committed_rounds": str(replay.rounds)})

@@ -5,12 +5,14 @@ A model's options (`[model] params`) are the fields of its constructor's `Option
 as `options=`; a constructor without `Options` (a plug-in's, say) takes none. Image models whose
 features end with a hidden Linear + ReLU take `preactivation` (hpcfl.models.common); ResNets take
 `preactivation`, `feature_layer` and `stem` (hpcfl.models.vision)."""
+import inspect
 from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
+from hpcfl.errors import ConfigError
 from hpcfl.models.alexnet import AlexNetCifar
 from hpcfl.models.cnn import FmnistCNN
 from hpcfl.models.common import NoOptions
@@ -49,9 +51,21 @@ def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, options:
     """A freshly initialised model (draws from torch's global generator: seed it first). `options`:
     an instance of model_options(name) (hpcfl.params.model_params builds them from a job's [model]
     params); None: the defaults."""
-    if model_options(name) is NoOptions:
-        return MODELS[name](in_shape, num_classes)
-    return MODELS[name](in_shape, num_classes, options=options or model_options(name)())
+    constructor = MODELS[name]
+    keywords = {} if model_options(name) is NoOptions else {"options": options or model_options(name)()}
+    try:                                    # a plug-in's signature, checked before it runs
+        inspect.signature(constructor).bind(in_shape, num_classes, **keywords)
+    except ValueError:                      # no signature to read (a builtin): its call will tell
+        pass
+    except TypeError as err:
+        raise ConfigError(f"model.name = {name!r} cannot be called as {name}(in_shape, num_classes"
+                          f"{', options=...' if keywords else ''}) ({err}): a model plug-in is a class or function "
+                          "taking those (docs: add a data set or model)") from None
+    model = constructor(in_shape, num_classes, **keywords)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.name = {name!r} returned a {type(model).__name__}, not a torch.nn.Module "
+                          "(docs: add a data set or model)")
+    return model
 
 
 def lay_out(model: nn.Module, layout: torch.memory_format) -> nn.Module:

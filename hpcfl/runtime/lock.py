@@ -118,7 +118,11 @@ def claim(result_path: Path) -> None:
     """Make this process the result file's only writer, or raise ResultsError naming the owner."""
     path, me = lock_path(result_path), _me()
     created = [folder for folder in path.parents if not folder.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:                              # a file in the way, no permission, a read-only mount
+        raise ResultsError(f"cannot make the results folder {path.parent} ({err.strerror}): choose another "
+                           "run.results_root (--results-root) or run.study") from None
     while not _create(path, me) and not _take_over(path, result_path, me):
         pass                                            # its owner released it meanwhile: try again
     earlier = _held.pop(path, None)

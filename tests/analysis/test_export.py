@@ -188,6 +188,12 @@ def test_mlflow_takes_a_long_configuration_in_batches_of_100_each_value_cut_to_i
     assert all(before <= m.timestamp <= time.time() * 1000 for m in history)
     written, problems = export([], str(tmp_path / "new" / "folder"), to="mlflow")         # a folder it makes
     assert (written, problems) == ([], []) and (tmp_path / "new" / "folder").is_dir()
+    quoted = Replay("study", "bob's", {}, "completed", 1, [("round/train_loss", 1, 0.5)])
+    for _ in range(2):                                  # a quote in the name; the second export replaces the first
+        to_mlflow(quoted, tmp_path / "ml")
+    study = client.get_experiment_by_name("study").experiment_id
+    names = [r.data.tags["hpcfl.run"] for r in client.search_runs([study])]
+    assert sorted(names) == ["bob's", "run"]
 
 
 def test_only_a_runs_series_and_final_figures_are_replayed(tmp_path):

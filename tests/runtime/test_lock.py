@@ -191,3 +191,10 @@ def test_a_lock_released_while_a_claim_judges_it_is_claimed_afresh(tmp_path, mon
     assert json.loads(lock_path(path).read_text())["pid"] == os.getpid()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5.lock"]      # no temporary lock left
     release()
+
+
+def test_a_results_folder_that_cannot_be_made_is_refused_naming_it(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ResultsError, match=r"cannot make the results folder .*afile/study \(Not a directory\): "
+                                           r"choose another run.results_root"):
+        claim(tmp_path / "afile" / "study" / "run.h5")
