@@ -129,13 +129,16 @@ def _selection(args) -> tuple[str, str] | None:
 def _export(args) -> int:
     try:
         written, problems = export(args.results, Path(args.out), args.to)
-    except ResultsError as err:
+    except (ResultsError, OSError) as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return 2
     for problem in problems:
         sys.stderr.write(f"hpcfl: skipped: {problem}\n")
+    if not written:
+        sys.stderr.write(f"hpcfl: error: no result file to export in {' '.join(args.results)}\n")
+        return 2
     print(f"hpcfl: {len(written)} run(s) written under {args.out}; then: {VIEW[args.to].format(out=args.out)}")
-    return 0 if written else 2
+    return 0
 
 
 def _partition(args) -> int:

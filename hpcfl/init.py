@@ -8,6 +8,7 @@ sweep.sbatch when the folder it runs in has no slurm/.
 """
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
 from hpcfl.errors import Exit, exit_help
@@ -26,8 +27,12 @@ def main(argv=None, prog: str = "hpcfl init") -> int:
         if target.exists():
             kept.append(str(target))
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)                           # the scripts stay executable
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)                       # the scripts stay executable
+        except OSError as err:
+            sys.stderr.write(f"hpcfl: error: cannot write {target} ({err.strerror}): choose another folder\n")
+            return Exit.BAD_INPUT
         written += 1
     print(f"hpcfl: wrote {written} files to {folder / 'slurm'} and {folder / 'jobs'}"
           + (f"; kept {len(kept)} that exist: {' '.join(kept)}" if kept else ""))

@@ -122,6 +122,10 @@ def test_init_writes_the_slurm_scripts_and_jobs_and_keeps_edited_files(tmp_path,
     site.write_text("module load mpi\n")
     assert main(["init", str(tmp_path)]) == Exit.DONE
     assert site.read_text() == "module load mpi\n" and "wrote 0 files" in capsys.readouterr().out
+    (tmp_path / "afile").write_text("")
+    assert main(["init", str(tmp_path / "afile")]) == Exit.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "cannot write " in err and "(Not a directory): choose another folder" in err
 
 
 def _result(tmp_path, tiny_job, name: str) -> Path:

@@ -58,6 +58,10 @@ def test_export_writes_every_evaluated_round_and_a_crashed_runs_committed_ones(t
     assert {"config/text_summary", "status/text_summary"} <= set(events.Tags()["tensors"])
     assert [e.step for e in _read(tmp_path / "tb" / "test" / "crashed").Scalars("round/train_loss")] == [1]
     assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "tb2")]) == 2
+    assert f"hpcfl: error: no result file to export in {tmp_path / 'nothing'}" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert main(["export", str(tmp_path / "results"), "--out", str(tmp_path / "afile")]) == 2     # not a folder
+    assert "hpcfl: error: " in capsys.readouterr().err
 
 
 def test_mlflow_export_holds_every_figure_the_configuration_and_replaces_an_earlier_export(finished_and_crashed,
