@@ -120,11 +120,11 @@ def claim(result_path: Path) -> None:
     created = [folder for folder in path.parents if not folder.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        while not _create(path, me) and not _take_over(path, result_path, me):
+            pass                                        # its owner released it meanwhile: try again
     except OSError as err:                              # a file in the way, no permission, a read-only mount
-        raise ResultsError(f"cannot make the results folder {path.parent} ({err.strerror}): choose another "
+        raise ResultsError(f"cannot write in the results folder {path.parent} ({err.strerror}): choose another "
                            "run.results_root (--results-root) or run.study") from None
-    while not _create(path, me) and not _take_over(path, result_path, me):
-        pass                                            # its owner released it meanwhile: try again
     earlier = _held.pop(path, None)
     if earlier:                                         # claimed before by this process: one heartbeat, not two
         earlier[1].set()

@@ -193,8 +193,16 @@ def test_a_lock_released_while_a_claim_judges_it_is_claimed_afresh(tmp_path, mon
     release()
 
 
-def test_a_results_folder_that_cannot_be_made_is_refused_naming_it(tmp_path):
+def test_a_results_folder_that_cannot_be_made_or_written_is_refused_naming_it(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("")
-    with pytest.raises(ResultsError, match=r"cannot make the results folder .*afile/study \(Not a directory\): "
+    with pytest.raises(ResultsError, match=r"cannot write in the results folder .*afile/study \(Not a directory\): "
                                            r"choose another run.results_root"):
         claim(tmp_path / "afile" / "study" / "run.h5")
+    from hpcfl.runtime import lock
+
+    def read_only(path, me):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(lock, "_create", read_only)
+    with pytest.raises(ResultsError, match=r"cannot write in the results folder .* \(Read-only file system\)"):
+        claim(tmp_path / "study" / "run.h5")
