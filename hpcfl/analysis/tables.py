@@ -114,8 +114,9 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     runs, unfinished = _finished_only(results.runs.assign(**{
         name: _per_run_stat(results, stat, metric, last=last, select=select) for name, stat in stats.items()}),
         list(stats))
-    if not runs["best_val"].notna().any():
-        del stats["best_val"]
+    for name in (f"last{last}", "best_val"):        # no validation, or a figure written once (final/...)
+        if not runs[name].notna().any():
+            del stats[name]
     spread = lambda s: s.std(ddof=0)          # noqa: E731
     table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
                                    **{f"{name}_{fn}": (name, agg) for name in stats
