@@ -64,6 +64,11 @@ def main(argv=None, prog: str = "hpcfl status") -> int:
     except HpcflError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return Exit.BAD_INPUT
+    roots = [Path(r).resolve() for r in args.results]
+    if roots and expected and not any(p.resolve().is_relative_to(r) for p in expected for r in roots):
+        sys.stderr.write(f"hpcfl: note: the sweep's result files are looked for under {expected[0].parent}, not in "
+                         f"{' '.join(args.results)}: a sweep run with --results-root needs the same --results-root "
+                         "here\n")
     found = sorted(set(find_files(args.results or {path.parent for path in expected})))
     rows = [(path, *state(path)) for path in found if path.exists()]
     have = {path.resolve() for path in found if path.exists()}

@@ -161,6 +161,10 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
     assert out[0].split() == ["complete", "2/2", str(done)]
     assert out[1].split() == ["missing", str(done.with_name("sweep-seed1.h5"))]
     assert out[-1] == "1 complete, 1 missing"
+    assert main(["status", "--sweep", str(sweep), str(tmp_path / "sw")]) == Exit.DONE      # its --results-root left out
+    assert "a sweep run with --results-root needs the same --results-root here" in capsys.readouterr().err
+    assert main(["status", "--sweep", str(sweep), str(tmp_path / "sw"), "--results-root", str(tmp_path / "sw")]) == 0
+    assert "note:" not in capsys.readouterr().err
     assert main(["status", str(tmp_path / "nothing-here")]) == Exit.BAD_INPUT
     with pytest.raises(SystemExit) as refused:                 # it would be ignored without a sweep
         main(["status", str(tmp_path / "sw"), "--results-root", str(tmp_path / "sw")])
