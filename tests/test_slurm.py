@@ -94,13 +94,19 @@ def test_a_sweep_runs_as_a_job_array(cluster, tmp_path):
         assert read_run(tmp_path / "results" / "slurm" / f"{name}.h5").attrs["status"] == "completed"
 
 
-def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics(cluster, tmp_path):
+def _running(cluster, tmp_path, rounds: int, name: str) -> tuple[Path, str, Path]:
+    """A job of `rounds` rounds submitted and past round 3: (its job file, job id, output file)."""
     job = tmp_path / "job.toml"
-    job.write_text(JOB.replace("rounds = 6", "rounds = 12"))
+    job.write_text(JOB.replace("rounds = 6", f"rounds = {rounds}"))
     jid = _sbatch(cluster, tmp_path, SLURM / "hpcfl.sbatch", job, "--results-root", tmp_path / "results",
-                  "--set", "run.name='requeued'", wait=False)
+                  "--set", f"run.name={name!r}", wait=False)
     log = tmp_path / f"slurm-{jid}.out"
     _until(lambda: log.exists() and "round    3/" in log.read_text(), 120, "round 3")
+    return job, jid, log
+
+
+def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics(cluster, tmp_path):
+    job, jid, log = _running(cluster, tmp_path, 12, "requeued")
     subprocess.run(["scancel", "--batch", "--signal=USR1", jid], env=cluster, check=True, timeout=30)
     _until(lambda: " INFO wrote " in log.read_text(), 240, "the requeued job to finish")
     text = log.read_text()
@@ -113,12 +119,7 @@ def test_a_signalled_job_checkpoints_requeues_and_finishes_with_the_same_metrics
 
 def test_a_cancelled_job_checkpoints_and_stays_cancelled(cluster, tmp_path):
     """scancel sends TERM, and SLURM requeues even a cancelled job when asked: step.sh must not."""
-    job = tmp_path / "job.toml"
-    job.write_text(JOB.replace("rounds = 6", "rounds = 40"))
-    jid = _sbatch(cluster, tmp_path, SLURM / "hpcfl.sbatch", job, "--results-root", tmp_path / "results",
-                  "--set", "run.name='cancelled'", wait=False)
-    log = tmp_path / f"slurm-{jid}.out"
-    _until(lambda: log.exists() and "round    3/" in log.read_text(), 120, "round 3")
+    _, jid, log = _running(cluster, tmp_path, 40, "cancelled")
     subprocess.run(["scancel", jid], env=cluster, check=True, timeout=30)
     assert _exit_codes(cluster, jid) == {3}
     _until(lambda: "hpcfl: checkpointed" in log.read_text(), 30, "step.sh's last word")
