@@ -79,6 +79,11 @@ def local_test_bits(job, correct: np.ndarray, cohort: list[int]) -> np.ndarray:
     return np.packbits(np.concatenate(bits) > 0.5)
 
 
+def _finite(values: np.ndarray) -> np.ndarray:
+    """The entries that are numbers: a dropped or unsampled client's NaN is no one's score."""
+    return values[np.isfinite(values)]
+
+
 def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progress: str = "") -> None:
     cfg, n, cohort = job.config, job.config.data.num_clients, list(hosts)
     rows, blocks, ranks = split_report(job, flat)
@@ -90,15 +95,14 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
         if key in job.client_metrics:
             values[f"client/{key}"] = np.where(sampled, rows[:, j], np.nan)
     if "client/local_test_acc" in values:                  # personalised accuracy across the cohort's
-        personal = values["client/local_test_acc"][cohort]  # models (a dropped client's is NaN: none)
-        personal = personal[np.isfinite(personal)]
+        personal = _finite(values["client/local_test_acc"][cohort])  # models (a dropped client's is NaN)
         values["round/personal_acc_mean"], values["round/personal_acc_std"] = (
             (personal.mean(), personal.std()) if len(personal) else (np.nan, np.nan))
     if "local_test_correct" in blocks:
         values["example/local_test_correct"] = local_test_bits(job, blocks["local_test_correct"], cohort)
     if "client/val_acc" in values and not job.algorithm.traits.global_model and cfg.evaluates(round):
-        held = values["client/val_acc"][cohort]                    # the clients' own models (none if all dropped)
-        values["round/val_acc"] = float(np.mean(held[np.isfinite(held)])) if np.isfinite(held).any() else np.nan
+        held = _finite(values["client/val_acc"][cohort])           # the clients' own models (none if all dropped)
+        values["round/val_acc"] = float(held.mean()) if len(held) else np.nan
     samples, loss = rows[:, CLIENT_COLUMN["num_samples"]], rows[:, CLIENT_COLUMN["train_loss"]]
     trained = [c for c in cohort if not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]   # a dropped client is left out
     values["round/train_loss"] = (float(np.sum(loss[trained] * samples[trained]) / np.sum(samples[trained]))
@@ -110,7 +114,7 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
     for j, key in enumerate(RANK_METRICS):
         values[f"rank/{key}"] = ranks[:, j]
     values["round/time_s"] = round_s
-    compute = ranks[int(len(ranks) > 1):, RANK_METRICS.index("compute_s")]        # the workers' (or the one rank's)
+    compute = values["rank/compute_s"][int(len(ranks) > 1):]     # the workers' (or the one rank's)
     values["round/imbalance_s"] = float(compute.max() - compute.mean())     # what the average worker waits
     job.recorder.append_round(round, values)
     acc, personal = values.get("round/test_acc"), values.get("round/personal_acc_mean")
