@@ -28,7 +28,13 @@ class PeerTimeout(HpcflError):
 
 
 class TrainingFault(HpcflError):
-    """A client's loss or update went NaN/Inf and train.on_nonfinite = 'stop'."""
+    """A client's loss or model went NaN/Inf and the run cannot go on: raised where that client
+    trains (FedMA cannot match a non-finite model's neurons), so the run aborts on every rank."""
+
+
+class StoppedOnFault(TrainingFault):
+    """train.on_nonfinite = 'stop' ended the run after recording the round of a non-finite update:
+    raised on every rank alike, an orderly end."""
 
 
 class Exit(IntEnum):

@@ -226,9 +226,9 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
-    from hpcfl.errors import PeerTimeout, TrainingFault
+    from hpcfl.errors import PeerTimeout, StoppedOnFault
     from hpcfl.jobs import prepare
-    from hpcfl.runtime.build import setup
+    from hpcfl.runtime.build import SetupFailed, setup
     from hpcfl.runtime.loop import run
     from hpcfl.runtime.resume import RunCompleted
 
@@ -259,6 +259,8 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         except HpcflError as err:
             if transport is None and _launched():   # the job could not be read here; other ranks may wait for us
                 transport, err = _refuse(err)
+            elif transport is not None and transport.size > 1 and not isinstance(err, SetupFailed):
+                _abort(transport, err)    # this rank's alone (its log folder, the server's result file): peers wait
             if transport is None or transport.is_server:
                 sys.stderr.write(f"hpcfl: error: {err}\n")
             _close(transport)
@@ -269,7 +271,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
         try:
             if not run(job):
                 status, code = "interrupted", Exit.RESUME
-        except TrainingFault as err:          # every rank stops after the same round: an orderly end
+        except StoppedOnFault as err:         # every rank stops after the same round: an orderly end
             status, code = "failed", Exit.FAILED
             if transport.is_server:
                 LOG.error(str(err))

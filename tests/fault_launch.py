@@ -7,7 +7,9 @@
   rank hosts it (the same fault on any number of ranks);
 - "hang-setup" / "term-setup": MPI rank 2 stops itself in set-up (SIGSTOP) / the process sends itself
   SIGTERM in set-up (as SLURM's time limit may), as its worker is made;
-- "no-job-on-2": MPI rank 2 cannot read the job file (a node that does not see it).
+- "no-job-on-2": MPI rank 2 cannot read the job file (a node that does not see it);
+- "results-on-0": rank 0 cannot write the run's attributes into its result file, at the end of set-up
+  (after the ranks' collective check: a failure of its own).
 
 The fault goes into the algorithm's `client_update` as each worker is made, whatever the algorithm.
 """
@@ -18,6 +20,8 @@ import sys
 from helpers import nan_inputs  # this script's folder, tests/, is on its path
 
 from hpcfl import launch
+from hpcfl.errors import ResultsError
+from hpcfl.metrics import Recorder
 from hpcfl.runtime.worker import Worker
 
 _init = Worker.__init__
@@ -47,7 +51,13 @@ def _faulty_worker(self, *args, **kwargs):
     self.algorithm.client_update = lambda *update_args: _faulty_update(update, *update_args)
 
 
+def _unwritable(self, name, value):
+    raise ResultsError(f"cannot write attribute {name!r}: disk quota exceeded")
+
+
 Worker.__init__ = _faulty_worker
+if FAULT == "results-on-0" and os.environ.get("PMI_RANK") == "0":
+    Recorder.set_attr = _unwritable
 if FAULT == "no-job-on-2" and ON_RANK_2:
     sys.argv[1] += ".not-on-this-node"
 sys.exit(launch.main())

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
-from hpcfl.errors import TrainingFault
+from hpcfl.errors import StoppedOnFault
 from hpcfl.logs import duration
 from hpcfl.runtime.build import Job
 from hpcfl.runtime.memory import reset_peak
@@ -90,7 +90,7 @@ def run(job: Job) -> bool:
         faulty = _nonfinite(job, number, cohort, report) if job.server else []
         save, stop, fault = control(job, number, bool(faulty) and cfg.train.on_nonfinite == "stop")
         if fault:
-            raise TrainingFault(f"round {number + 1}: client(s) {faulty} gave a non-finite (NaN/Inf) loss or update, "
+            raise StoppedOnFault(f"round {number + 1}: client(s) {faulty} gave a non-finite (NaN/Inf) loss or update, "
                                 "so the run stopped after recording the round (train.on_nonfinite = 'stop'). Fix: "
                                 "lower train.lr, or set train.on_nonfinite = 'drop' to leave such updates out "
                                 "and go on")

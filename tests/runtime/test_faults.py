@@ -3,6 +3,7 @@ round and the rank; a NaN/Inf client update stops the run or is dropped, as conf
 recorded; a refused second run on a result file names the first (the lock itself:
 tests/runtime/test_lock.py)."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,6 +64,16 @@ def test_a_rank_that_cannot_read_the_job_fails_set_up_on_every_rank_naming_it(ti
     assert not (tmp_path / RESULT).exists() and not lock_path(tmp_path / RESULT).exists()
 
 
+def test_a_server_failing_alone_at_the_end_of_set_up_ends_every_rank(tiny_job, tmp_path):
+    """An error after set-up's collective check is the server's alone: the workers, already in the
+    first round, must not wait for it until run.round_timeout_s."""
+    result = launch(tiny_job(rounds=4), "--results-root", tmp_path, "--set", "run.round_timeout_s=600", ranks=3,
+                    timeout=120, launcher=FAULT_LAUNCHER, env={"HPCFL_FAULT": "results-on-0"})
+    assert result.returncode == Exit.FAILED, result.stderr
+    assert re.search(r"rank 0 on \S+ failed in set-up:\nerror: cannot write attribute '\w+': disk quota exceeded",
+                     result.stderr), result.stderr
+
+
 def test_a_stop_signal_during_set_up_checkpoints_after_the_first_round(tiny_job, tmp_path):
     """SLURM's SIGTERM may come before the first round: the run must still exit with the code that
     requeues it (the default handler would end it with 143)."""
@@ -93,10 +104,11 @@ def test_a_failure_that_cannot_be_written_to_the_result_file_still_ends_the_job(
     assert "failed in round 1:" in capsys.readouterr().err
 
 
-def _nan_run(tiny_job, tmp_path, policy, ranks=0, algorithm="fedavg"):
+def _nan_run(tiny_job, tmp_path, policy, ranks=0, algorithm="fedavg", timeout_s=1800):
     """Client 1 trains on NaN inputs in round 2 of 4; every client is sampled every round."""
     return launch(tiny_job(algorithm, rounds=4), "--results-root", tmp_path, "--set", "train.clients_per_round=6",
-                  "--set", f"train.on_nonfinite={policy!r}", ranks=ranks, launcher=FAULT_LAUNCHER,
+                  "--set", f"train.on_nonfinite={policy!r}", "--set", f"run.round_timeout_s={timeout_s}",
+                  ranks=ranks, launcher=FAULT_LAUNCHER,
                   env={"HPCFL_FAULT": "nan", "HPCFL_FAULT_CLIENT": "1", "HPCFL_FAULT_ROUND": "2"})
 
 
@@ -112,6 +124,18 @@ def test_a_nan_update_stops_the_run_after_recording_the_round(ranks, tiny_job, t
     assert flags[1, 1] == 1 and np.nansum(flags) == 1
     assert np.isfinite(run.arrays["round/test_acc"]).all()     # the NaN update never reached the model
     assert not lock_path(tmp_path / RESULT).exists()
+
+
+@pytest.mark.parametrize("ranks", [0, 3])
+def test_a_fedma_model_gone_nan_ends_the_job_at_once_from_its_rank_naming_the_client(ranks, tiny_job, tmp_path):
+    """FedMA cannot match a non-finite model's neurons, so the rank hosting the client raises in the
+    middle of a round: it ends every rank (no peer waits out run.round_timeout_s) and says why."""
+    result = _nan_run(tiny_job, tmp_path, "stop", ranks, algorithm="fedma", timeout_s=600)
+    assert result.returncode == Exit.FAILED, result.stderr
+    assert re.search(rf"rank {'[12]' if ranks else 0} on \S+ failed in round 2:", result.stderr)  # a worker's
+    assert "phase 'train': client 1's model is not finite (NaN/Inf)" in result.stderr, result.stderr
+    assert "never reached" not in result.stderr
+    assert read_run(tmp_path / "test/fedma-dirichlet-seed0.h5").rounds == 1     # the round before is kept
 
 
 def test_dropped_nan_updates_are_recorded_and_the_client_keeps_its_state(tiny_job, tmp_path):
