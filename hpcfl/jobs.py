@@ -54,6 +54,7 @@ def resolve(config: JobConfig) -> Resolved:
     algorithm's own rules on the whole job; a ConfigError names the key."""
     # Imported here: the registries pull in torch, which reading a job file alone does not need.
     from hpcfl.algorithms import ALGORITHMS, algorithm_params
+    from hpcfl.algorithms.base import check_job
     from hpcfl.data.datasets import DATASETS
     from hpcfl.data.partition import check_params
     from hpcfl.models import MODELS, model_options
@@ -75,7 +76,7 @@ def resolve(config: JobConfig) -> Resolved:
     preset = cls.term    # FedProx's prox, from its algorithm.params
     own = {f.name: getattr(algorithm, f.name) for f in fields(preset.Params)} if preset else {}
     adapting = {**terms, **({preset.name: preset.Params(**own)} if preset else {})}
-    cls.check(config)
+    check_job(cls, config)
     # asked for: refused if it cannot
     if config.train.batched_clients != "auto" and config.train.batched_clients:
         check_batched(config, cls,

@@ -19,6 +19,7 @@ exits with status 2 before any rank trains. A result file records each plug-in's
 package's version (`plugins` below).
 """
 import importlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from typing import Any
@@ -104,8 +105,22 @@ def subclass_of(base: type, what: str) -> Callable[[Any], str | None]:
     return check
 
 
-def callable_check(what: str) -> Callable[[Any], str | None]:
-    return lambda found: None if callable(found) else f"{found!r} is not {what} (a class or function)"
+def callable_check(what: str, call: str = "", *args, **kwargs) -> Callable[[Any], str | None]:
+    """A registry's check: the plug-in is a class or function and, where `call` says how hpcfl calls
+    it (`args` and `kwargs` standing in for the arguments), its signature takes that call."""
+    def check(found) -> str | None:
+        if not callable(found):
+            return f"{found!r} is not {what} (a class or function)"
+        try:
+            if call:
+                inspect.signature(found).bind(*args, **kwargs)
+        except ValueError:          # no signature to read (a builtin): its call will tell
+            pass
+        except TypeError as err:
+            return (f"{getattr(found, '__qualname__', found)}{inspect.signature(found)} is not {what}: hpcfl calls "
+                    f"{call} ({err})")
+        return None
+    return check
 
 
 def plugins(names: Mapping[str, list[str]]) -> dict[str, dict]:

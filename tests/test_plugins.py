@@ -95,7 +95,9 @@ def test_a_bad_plugin_is_refused_before_training_naming_the_key(key, value, mess
 @pytest.mark.parametrize("model, message", [
     ("math:sqrt", "model.name = 'math:sqrt' cannot be called as math:sqrt(in_shape, num_classes) (too many "
                   "positional arguments): a model plug-in is a class or function taking those"),
-    ("itertools:repeat", "model.name = 'itertools:repeat' returned a repeat, not a torch.nn.Module")])
+    ("itertools:repeat", "model.name = 'itertools:repeat' returned a repeat, not a torch.nn.Module"),
+    ("torch.nn:Identity", "model.name = 'torch.nn:Identity' built Identity, which lacks a features(x) method or an "
+                          "nn.Linear `classifier`")])
 def test_a_model_plugin_of_the_wrong_kind_is_refused_in_set_up_naming_the_key(model, message, tmp_path, capsys):
     path = tmp_path / "job.toml"
     path.write_text(JOB.format(root=tmp_path, name="lab"))
@@ -272,3 +274,62 @@ def test_a_plugin_term_asking_for_anchors_must_carry_the_anchor_phases_settings(
         hpcfl.run(job)
     from hpcfl.terms import TERMS
     assert TERMS["anchorfl:Matched"].needs_anchors           # FeatureMatching's Params carries both
+
+
+def test_a_plugin_check_that_skips_super_still_gets_the_rules_its_traits_imply(tmp_path, monkeypatch):
+    (tmp_path / "strictfl.py").write_text(
+        "from hpcfl import ConfigError, FedAvg\n\n"
+        "class Strict(FedAvg):\n    name = 'strict'\n\n"
+        "    @classmethod\n    def check(cls, job):\n"
+        "        if job.train.lr > 1:\n            raise ConfigError('strict needs train.lr <= 1')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = {"run": {"study": "s"}, "algorithm": {"name": "strictfl:Strict"}, "data": {"dataset": "digits"}}
+    with pytest.raises(hpcfl.ConfigError, match=r"strict needs train.lr <= 1"):             # its own rule
+        hpcfl.run({**job, "train": {"lr": 2.0}})
+    with pytest.raises(hpcfl.ConfigError, match="shares whole models, so every client needs the same one"):
+        hpcfl.run({**job, "model": {"architectures": ["fmnist_cnn", "fmnist_cnn_narrow"]}})
+
+
+BAD_LOADERS = """
+import numpy as np
+import torch
+from hpcfl import Dataset
+
+def one_arg(root):
+    raise AssertionError("never called")
+
+def _set(train_y, test_x=None, test_y=None):
+    x = torch.zeros(len(train_y), 8)
+    return Dataset("bad", x, train_y, x if test_x is None else test_x, train_y if test_y is None else test_y, 4)
+
+def float_labels(root, train_images=True):
+    return _set(torch.arange(8) % 4.0)
+
+def numpy_inputs(root, train_images=True):
+    return _set(torch.arange(8) % 4, test_x=np.zeros((8, 8), dtype=np.float32))
+
+def double_inputs(root, train_images=True):
+    return _set(torch.arange(8) % 4, test_x=torch.zeros(8, 8, dtype=torch.float64))
+
+def short_labels(root, train_images=True):
+    return _set(torch.arange(8) % 4, test_y=torch.arange(7) % 4)
+"""
+
+
+@pytest.mark.parametrize("loader, message", [
+    ("one_arg", "data.dataset = 'badsets:one_arg': one_arg(root) is not a data-set loader: hpcfl calls "
+                "loader(root, train_images=...) (got an unexpected keyword argument 'train_images')"),
+    ("float_labels", "data.dataset = 'badsets:float_labels': test_y is torch.float32 of shape (8,), not 1-d int64 "
+                     "labels"),
+    ("numpy_inputs", "data.dataset = 'badsets:numpy_inputs': test_x is ndarray, not a torch.Tensor"),
+    ("double_inputs", "data.dataset = 'badsets:double_inputs': test_x is torch.float64, not float32"),
+    ("short_labels", "data.dataset = 'badsets:short_labels': test_x has 8 rows but test_y 7 labels")])
+def test_a_data_set_plugin_giving_the_wrong_tensors_is_refused_before_training(loader, message, tmp_path,
+                                                                             monkeypatch, capsys):
+    (tmp_path / "badsets.py").write_text(BAD_LOADERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    assert launch([str(path), "--set", f"data.dataset='badsets:{loader}'"]) == 2
+    assert message in capsys.readouterr().err
+    assert not list((tmp_path / "plug").glob("**/*.h5"))                  # nothing trained

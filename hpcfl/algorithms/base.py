@@ -260,6 +260,14 @@ class Algorithm:
         return metrics
 
 
+def check_job(cls: type[Algorithm], job: JobConfig) -> None:
+    """The job's rules for algorithm `cls`: those its traits imply (`Algorithm.check`), then its own
+    `check`, which cannot switch the first off by not calling super().check."""
+    Algorithm.check.__func__(cls, job)
+    if cls.check.__func__ is not Algorithm.check.__func__:
+        cls.check(job)
+
+
 def weighted(layout: Layout) -> Layout:
     """`layout` plus the scalar WEIGHT: the uplink of every weighted average."""
     return layout + Layout((WEIGHT,), ((),))

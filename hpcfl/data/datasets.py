@@ -17,7 +17,7 @@ from hpcfl.data.cifar import load_cifar10, load_cifar100
 from hpcfl.data.folders import load_cinic10, load_tiny_imagenet
 from hpcfl.data.idx import EMNIST_LETTERS, FASHION_MNIST, MNIST, load_idx_set
 from hpcfl.data.leaf import load_shakespeare
-from hpcfl.errors import ConfigError
+from hpcfl.errors import ConfigError, DataError
 from hpcfl.plugins import Registry, callable_check
 from hpcfl.seeding import numpy_rng
 
@@ -96,7 +96,8 @@ def _inputs_cheap(loader: Callable[[Path], Dataset]) -> Callable[[Path, bool], D
 
 
 # data.dataset -> load(root, train_images=...) -> Dataset; or a plug-in's "package.module:load" (hpcfl.plugins)
-DATASETS = Registry("data.dataset", callable_check("a data-set loader"), {
+DATASETS = Registry("data.dataset", callable_check("a data-set loader", "loader(root, train_images=...)", Path("."),
+                                                   train_images=True), {
     "fashion_mnist": partial(load_idx_set, FASHION_MNIST),
     "mnist": partial(load_idx_set, MNIST),
     "emnist_letters": partial(load_idx_set, EMNIST_LETTERS),
@@ -117,4 +118,32 @@ def load_dataset(name: str, root: Path, train_images: bool = True) -> Dataset:
     data = DATASETS[name](Path(root), train_images=train_images)
     if not isinstance(data, Dataset):
         raise ConfigError(f"data.dataset = {name!r} returned {type(data).__name__}, not an hpcfl.data.base.Dataset")
+    _check_tensors(name, data, train_images)
     return data
+
+
+def _check_tensors(name: str, data: Dataset, train_images: bool) -> None:
+    """A loader's inputs and labels as training reads them: torch tensors, labels 1-d int64, inputs
+    float32 (int64 for token sequences), one label per input. The built-ins pass by construction;
+    a plug-in's mistake is named here rather than as a dtype error in round 1."""
+    train_x = data.train_x if train_images and data.train_pixels is None else None   # the server's has no rows
+    for split, x, y in (("test", data.test_x, data.test_y), ("train", train_x, data.train_y)):
+        fault = _tensor_fault(split, x, y)
+        if fault:
+            raise DataError(f"data.dataset = {name!r}: {fault} (docs: add a data set or model)")
+
+
+def _tensor_fault(split: str, x, y) -> str | None:
+    if not isinstance(y, torch.Tensor):
+        return f"{split}_y is {type(y).__name__}, not a torch.Tensor"
+    if y.dtype != torch.int64 or y.dim() != 1:
+        return f"{split}_y is {y.dtype} of shape {tuple(y.shape)}, not 1-d int64 labels"
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor):
+        return f"{split}_x is {type(x).__name__}, not a torch.Tensor"
+    if x.dtype not in (torch.float32, torch.int64):
+        return f"{split}_x is {x.dtype}, not float32 (or int64 tokens)"
+    if len(x) != len(y):
+        return f"{split}_x has {len(x)} rows but {split}_y {len(y)} labels"
+    return None

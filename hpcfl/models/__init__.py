@@ -65,6 +65,10 @@ def build_model(name: str, in_shape: tuple[int, ...], num_classes: int, options:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.name = {name!r} returned a {type(model).__name__}, not a torch.nn.Module "
                           "(docs: add a data set or model)")
+    if not (callable(getattr(model, "features", None)) and isinstance(getattr(model, "classifier", None), nn.Linear)):
+        raise ConfigError(f"model.name = {name!r} built {type(model).__name__}, which lacks a features(x) method or "
+                          "an nn.Linear `classifier` (forward(x) == classifier(features(x))), which local training "
+                          "and the algorithms use (docs: add a data set or model)")
     return model
 
 

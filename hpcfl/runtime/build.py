@@ -296,8 +296,7 @@ def build_models(config: JobConfig, in_shape, num_classes: int, device,
         raise ConfigError("train.batch_size = 1, but the model has BatchNorm layers, which cannot train on one "
                           "sample (every batch would be skipped): use train.batch_size >= 2, or a model "
                           "without BatchNorm")
-    widths = {name: m.classifier.in_features for name, m in models.items()
-              if hasattr(m, "classifier")}
+    widths = {name: m.classifier.in_features for name, m in models.items()}
     if len(models) > 1 and len(set(widths.values())) != 1:
         raise ConfigError(f"model.architectures have features of different widths {widths}: "
                           "heterogeneous clients share one classifier, so pick architectures with "
