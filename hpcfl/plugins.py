@@ -12,8 +12,10 @@ built-in's (`"fedavg"`) or an import path `"package.module:Name"` naming a plug-
 The built-ins are the objects themselves, registered by the module that defines the registry. A
 plug-in is imported when the job is validated (hpcfl.jobs), which every rank does before set-up,
 and each name is checked by its registry, built-in or not, on first use: an Algorithm or Term
-subclass with a `name` (a feature-matching term with the settings the anchor phase reads), a
-callable model or data-set constructor, a function with a partition scheme's signature. A missing
+subclass with a `name` whose hooks take the arguments hpcfl passes (an algorithm defining plan,
+downlink and client_update; a feature-matching term with the settings the anchor phase reads), a
+callable model constructor, a data-set loader taking (root, train_images), a function with a partition
+scheme's signature. A missing
 module, a missing name or the wrong kind is a ConfigError naming the key and the path, so the job
 exits with status 2 before any rank trains. A result file records each plug-in's path and its
 package's version (`plugins` below).
@@ -94,15 +96,38 @@ class Registry(Mapping):
         return found
 
 
-def subclass_of(base: type, what: str) -> Callable[[Any], str | None]:
-    """A check: a subclass of `base` with its own `name`."""
+def subclass_of(base: type, what: str, required: tuple[str, ...] = ()) -> Callable[[Any], str | None]:
+    """A check: a subclass of `base` with its own `name`, defining the `required` hooks, whose
+    overrides of `base`'s public methods take the arguments hpcfl passes them (a mistake there would
+    otherwise be a TypeError in round 1)."""
     def check(found):
         if not (isinstance(found, type) and issubclass(found, base)):
             return f"{found!r} is not {what} (a subclass of {base.__module__}.{base.__qualname__})"
         if not isinstance(getattr(found, "name", None), str):
             return f"{found.__qualname__} has no `name` (a class attribute, a string)"
+        missing = [hook for hook in required if getattr(found, hook) is getattr(base, hook)]
+        if missing:
+            return f"{found.__qualname__} does not define {', '.join(missing)}, which {what} needs"
+        for hook in [n for n, v in vars(base).items() if not n.startswith("_") and callable(getattr(base, n))]:
+            fault = _takes_args_of(getattr(found, hook), getattr(base, hook))
+            if fault:
+                return f"{found.__qualname__}.{hook}{fault}"
         return None
     return check
+
+
+def _takes_args_of(override, original) -> str | None:
+    """None if `override` can be called with `original`'s required positional arguments, else why not."""
+    try:
+        wanted = [p for p in inspect.signature(original).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        inspect.signature(override).bind(*wanted)
+    except ValueError:              # no signature to read: its call will tell
+        return None
+    except TypeError as err:
+        return (f"{inspect.signature(override)} does not take the arguments hpcfl passes it "
+                f"({', '.join(p.name for p in wanted)}): {err}")
+    return None
 
 
 def callable_check(what: str, call: str = "", *args, **kwargs) -> Callable[[Any], str | None]:

@@ -333,3 +333,46 @@ def test_a_data_set_plugin_giving_the_wrong_tensors_is_refused_before_training(l
     assert launch([str(path), "--set", f"data.dataset='badsets:{loader}'"]) == 2
     assert message in capsys.readouterr().err
     assert not list((tmp_path / "plug").glob("**/*.h5"))                  # nothing trained
+
+
+BAD_HOOKS = """
+from hpcfl import FedAvg, Term
+from hpcfl.algorithms.base import Algorithm
+
+class NoUpdate(Algorithm):
+    name = "no_update"
+    def plan(self, round):
+        return []
+    def downlink(self, phase, round, server_state):
+        return {}
+
+class ShortUpdate(FedAvg):
+    name = "short_update"
+    def client_update(self, phase, round, client, downlink, model):
+        return {}, {}
+
+class ShortLoss(Term):
+    name = "short_loss"
+    def loss(self, model, x, y):
+        return None
+"""
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("algorithm.name", "hooks:NoUpdate", "algorithm.name = 'hooks:NoUpdate': NoUpdate does not define client_update, "
+                                         "which an hpcfl algorithm needs"),
+    ("algorithm.name", "hooks:ShortUpdate", "algorithm.name = 'hooks:ShortUpdate': ShortUpdate.client_update(self, "
+                                            "phase, round, client, downlink, model) does not take the arguments hpcfl "
+                                            "passes it (self, phase, round, client, downlink, model, trainer)"),
+    ("algorithm.terms", '{ "hooks:ShortLoss" = {} }', "algorithm.terms = 'hooks:ShortLoss': ShortLoss.loss(self, "
+                                                      "model, x, y) does not take the arguments hpcfl passes it "
+                                                      "(self, model, x, y, features, logits)")])
+def test_a_plugin_hook_that_cannot_take_its_call_is_refused_at_validation(key, value, message, tmp_path, monkeypatch,
+                                                                          capsys):
+    (tmp_path / "hooks.py").write_text(BAD_HOOKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    value = value if value.startswith("{") else repr(value)
+    assert launch([str(path), "--check", "--set", f"{key}={value}"]) == 2
+    assert message in capsys.readouterr().err

@@ -15,8 +15,9 @@ from hpcfl.algorithms.scaffold import Scaffold
 from hpcfl.params import params_from
 from hpcfl.plugins import Registry, subclass_of
 
+HOOKS = ("plan", "downlink", "client_update")     # what every phase kind needs (aggregate: averaging phases')
 # algorithm.name: these, or a plug-in's "package.module:Class" (hpcfl.plugins)
-ALGORITHMS = Registry("algorithm.name", subclass_of(Algorithm, "an hpcfl algorithm"), {cls.name: cls for cls in (
+ALGORITHMS = Registry("algorithm.name", subclass_of(Algorithm, "an hpcfl algorithm", HOOKS), {cls.name: cls for cls in (
     FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi, FedProx, Scaffold, FedNova, FedDyn, MOON, FedRS, FedNTD,
     LocalOnly, Ensemble, FedFM, FedFMLite, FedClassAvg, FedProto, FedKA, FedCME, FedMA)})
 
