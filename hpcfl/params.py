@@ -1,6 +1,6 @@
 """Parameter tables into their dataclasses: an algorithm's or a loss term's Params, a model's Options.
 Each bad key or value is a ConfigError naming it (the checks of hpcfl.config.coerce)."""
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any, get_type_hints
 
 from hpcfl.config import coerce
@@ -11,6 +11,9 @@ def params_from(cls: type, raw: Any, where: str):
     """Build a Params dataclass (an algorithm's, a term's) from a config table, naming bad keys."""
     if not isinstance(raw, dict):
         raise ConfigError(f"[{where}] must be a table of parameters, got {raw!r}")
+    if not (is_dataclass(cls) and cls.__dataclass_params__.frozen):     # a plug-in's Params or Options
+        raise ConfigError(f"[{where}] is read into {cls.__qualname__}, which is not a frozen dataclass: "
+                          "decorate it with @dataclass(frozen=True)")
     hints, names = get_type_hints(cls), [f.name for f in fields(cls)]
     unknown = sorted(set(raw) - set(names))
     if unknown:

@@ -336,6 +336,7 @@ def test_a_data_set_plugin_giving_the_wrong_tensors_is_refused_before_training(l
 
 
 BAD_HOOKS = """
+from dataclasses import dataclass
 from hpcfl import FedAvg, Term
 from hpcfl.algorithms.base import Algorithm
 
@@ -355,6 +356,17 @@ class ShortLoss(Term):
     name = "short_loss"
     def loss(self, model, x, y):
         return None
+
+class Undecorated(FedAvg):
+    name = "undecorated"
+    class Params:
+        step: float = 1.0
+
+class Thawed(FedAvg):
+    name = "thawed"
+    @dataclass
+    class Params:
+        step: float = 1.0
 """
 
 
@@ -366,8 +378,11 @@ class ShortLoss(Term):
                                             "passes it (self, phase, round, client, downlink, model, trainer)"),
     ("algorithm.terms", '{ "hooks:ShortLoss" = {} }', "algorithm.terms = 'hooks:ShortLoss': ShortLoss.loss(self, "
                                                       "model, x, y) does not take the arguments hpcfl passes it "
-                                                      "(self, model, x, y, features, logits)")])
-def test_a_plugin_hook_that_cannot_take_its_call_is_refused_at_validation(key, value, message, tmp_path, monkeypatch,
+                                                      "(self, model, x, y, features, logits)"),
+    ("algorithm.name", "hooks:Undecorated", "[algorithm.params] is read into Undecorated.Params, which is not a frozen "
+                                            "dataclass: decorate it with @dataclass(frozen=True)"),
+    ("algorithm.name", "hooks:Thawed", "[algorithm.params] is read into Thawed.Params, which is not a frozen")])
+def test_a_plugin_hook_or_params_hpcfl_cannot_use_is_refused_at_validation(key, value, message, tmp_path, monkeypatch,
                                                                           capsys):
     (tmp_path / "hooks.py").write_text(BAD_HOOKS)
     monkeypatch.syspath_prepend(str(tmp_path))
