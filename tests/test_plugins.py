@@ -382,8 +382,8 @@ class Thawed(FedAvg):
     ("algorithm.name", "hooks:Undecorated", "[algorithm.params] is read into Undecorated.Params, which is not a frozen "
                                             "dataclass: decorate it with @dataclass(frozen=True)"),
     ("algorithm.name", "hooks:Thawed", "[algorithm.params] is read into Thawed.Params, which is not a frozen")])
-def test_a_plugin_hook_or_params_hpcfl_cannot_use_is_refused_at_validation(key, value, message, tmp_path, monkeypatch,
-                                                                          capsys):
+def test_a_plugin_hook_or_params_hpcfl_cannot_use_is_refused_at_validation(key, value, message, tmp_path,
+                                                                        monkeypatch, capsys):
     (tmp_path / "hooks.py").write_text(BAD_HOOKS)
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "job.toml"
