@@ -15,13 +15,15 @@ from their results; when a pass records nothing, the updates run for real with a
 which loads each client's trained model and metrics. Contributions, client state, terms' `finish` and
 the worker's NaN/Inf checks come from the one per-client code path. So an algorithm batches when its
 code before each `train` call only reads state (Traits.batched vouches for that), and a term batches
-when `start` sets its per-client context as attributes and `loss` reads them (Term.batchable).
+when `start` sets its per-client context as attributes and `loss` reads them or changes them in place
+(Term.batchable; a `loss` that replaces one is refused, since the group writes back what it bound).
 
 Each client sees the batches and the augmentation draws of the sequential path. At a step where the
 clients' batches differ in length (an epoch's short last batch), each length trains as its own vmapped
 call, so every loss is the one the client alone would compute; a client out of batches stops. The
 results equal the sequential ones to float rounding, BatchNorm included (each client's running
-statistics are its own). Randomness inside the model (dropout) is drawn per client from torch's global
+statistics are its own), though Adam turns the rounding of a near-zero gradient (a convolution's bias
+before BatchNorm) into a full step (docs/benchmarks/gpu.md). Randomness inside the model (dropout) is drawn per client from torch's global
 generator on the sequential path, which vmap cannot reproduce: such models are refused, naming the key.
 Mixed precision (train.precision = "bf16") is refused: torch's autocast does not reach the layers under
 vmap. A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
@@ -268,6 +270,9 @@ class _Group:
 
     def __init__(self, requests: list[Request], trainer):
         first = requests[0]
+        odd = [type(term).__name__ for term in first.terms if not term.batchable]
+        if odd:                               # an algorithm's own extra terms, which the job check cannot see
+            raise Unbatchable(f"terms {odd} are not batchable (Term.batchable)")
         self.model, self.terms, self.epochs, self.round = first.model, first.terms, first.epochs, first.round
         self.trainer, self.optimizer = trainer, Optimizer(trainer.cfg)
         self.clients, self.device = [r.client for r in requests], first.client.y.device
@@ -312,7 +317,15 @@ class _Group:
                     tensors.update({self.prefix[id(kinds[name].net)] + k: v for k, v in value.items()})
                 else:
                     setattr(term, name, value)
-        return functional_call(self.module, tensors, (x, second, y))
+        loss = functional_call(self.module, tensors, (x, second, y))
+        for term, values, kinds in zip(self.terms, own, self.own, strict=True):
+            replaced = [name for name, value in values.items()
+                        if not isinstance(kinds[name], FrozenState) and getattr(term, name) is not value]
+            if replaced:                      # the group would lose it: it writes back what it bound
+                raise ConfigError(f"loss term {type(term).__name__} replaced its attribute(s) {replaced} in `loss`; "
+                                  "trained together, a term's `loss` may only read its per-client attributes or "
+                                  f"change them in place (Term.batchable): do that, or set {KEY} = 0")
+        return loss
 
     def batch(self, rows: torch.Tensor, members: list[int]):
         """The members' batches (`rows` of the group's data), as the loss takes them (augmented with each

@@ -184,6 +184,38 @@ def test_groups_whose_contexts_do_not_stack_train_one_by_one_and_say_so_once(cap
         assert float(term.calls) == float(after[0]["calls"]) == expected["steps"]
 
 
+class Averaging(Pull):
+    """Replaces its per-client attribute in `loss` (a running mean) instead of changing it in place."""
+    name = "averaging"
+
+    def loss(self, model, x, y, features, logits):
+        self.target = 0.5 * self.target + 0.5 * features.mean().detach()
+        return super().loss(model, x, y, features, logits)
+
+
+def test_a_term_replacing_its_attribute_in_loss_is_refused_when_trained_together():
+    """The group writes back the tensor it bound to the attribute: a replaced one would be lost."""
+    trainer, clients, term = _trainer(), _clients()[:3], Averaging(None)
+    model, start = _start()
+    with pytest.raises(ConfigError, match=r"loss term Averaging replaced its attribute\(s\) \['target'\] in `loss`; "
+                                          r"trained together, .* set train.batched_clients = 0"):
+        BatchedTrainer(trainer, [model], group=3).train(_record(trainer, model, clients, start, [term]))
+
+
+def test_a_term_that_does_not_vouch_for_batching_trains_its_clients_one_by_one(caplog):
+    """An algorithm's own extra term reaches the group without the job's check: it trains alone."""
+    trainer, clients, terms = _trainer(), _clients()[:2], [Pull(None), Unvouched(None)]
+    model, start = _start()
+    with caplog.at_level(logging.INFO, logger="hpcfl.training.batched"):
+        results = BatchedTrainer(trainer, [model], group=2).train(_record(trainer, model, clients, start, terms))
+    assert "clients [0, 1] train one at a time: terms ['Unvouched'] are not batchable" in caplog.text
+    trained = Trained(trainer, results)
+    for client in clients:
+        expected, _ = _sequential(trainer, model, client, start, terms)
+        load_state(model, start)
+        assert trained.train(model, client, 2, terms) == expected
+
+
 def test_a_value_the_group_shares_is_set_once_and_values_that_differ_stack_or_are_refused():
     from hpcfl.training.batched import _PerClient, _stack
 
