@@ -23,8 +23,9 @@ clients' batches differ in length (an epoch's short last batch), each length tra
 call, so every loss is the one the client alone would compute; a client out of batches stops. The
 results equal the sequential ones to float rounding, BatchNorm included (each client's running
 statistics are its own), though Adam turns the rounding of a near-zero gradient (a convolution's bias
-before BatchNorm) into a full step (docs/benchmarks/gpu.md). Randomness inside the model (dropout) is drawn per client from torch's global
-generator on the sequential path, which vmap cannot reproduce: such models are refused, naming the key.
+before BatchNorm) into a full step (docs/benchmarks/gpu.md). Randomness inside the model (dropout) is
+drawn per client from torch's global generator on the sequential path, which vmap cannot reproduce:
+such models are refused, naming the key.
 Mixed precision (train.precision = "bf16") is refused: torch's autocast does not reach the layers under
 vmap. A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
 one client at a time from the same records, and the log says so once.
