@@ -69,9 +69,17 @@ class Trained:
     def __init__(self, trainer, results: dict):
         self.results, self.trainer = results, trainer
         self.seed, self.cfg = trainer.seed, trainer.cfg
+        self.answered = set()                # keys this pass answered: shared by copies, one per call
 
     def train(self, model: nn.Module, client, round: int, terms=(), epochs=None) -> dict[str, float]:
-        found = self.results.get(key(client, round, epochs, self.seed))
+        call = key(client, round, epochs, self.seed)
+        if call in self.answered:
+            raise RuntimeError(f"client {client.id}'s update called train twice alike (round {round}, epochs "
+                               f"{epochs}, seed {self.seed}): trained together the second call would get the first's "
+                               "model; give it its own epochs or seed (on a copy of the trainer), or set "
+                               "train.batched_clients = 0")
+        self.answered.add(call)
+        found = self.results.get(call)
         if found is None or found[3] != self.cfg:
             return self.missing(model, client, round, terms, epochs)
         state, metrics, contexts, _ = found

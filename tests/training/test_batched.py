@@ -216,6 +216,19 @@ def test_a_term_that_does_not_vouch_for_batching_trains_its_clients_one_by_one(c
         assert trained.train(model, client, 2, terms) == expected
 
 
+def test_an_update_calling_train_twice_alike_is_refused_rather_than_given_the_first_model():
+    """Calls are named by (client, round, epochs, seed): a second alike would replay the first's result."""
+    trainer, client = _trainer(), _clients()[0]
+    model, start = _start()
+    results = BatchedTrainer(trainer, [model], group=1).train(_record(trainer, model, [client], start))
+    trained = Trained(trainer, results)
+    trained.train(model, client, 2)
+    with pytest.raises(RuntimeError, match=r"client 0's update called train twice alike \(round 2, epochs None, "
+                                           r"seed 3\).*own epochs or seed"):
+        trained.train(model, client, 2)
+    trained.train(model, _clients()[1], 2)                 # another client's call is its own
+
+
 def test_a_value_the_group_shares_is_set_once_and_values_that_differ_stack_or_are_refused():
     from hpcfl.training.batched import _PerClient, _stack
 
