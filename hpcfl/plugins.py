@@ -54,8 +54,10 @@ class Registry(Mapping):
         if name not in self._loaded:
             found = self._builtins.get(name)
             if found is None and not (isinstance(name, str) and is_import_path(name)):
+                dotted = isinstance(name, str) and "." in name and ":" not in name
+                hint = f" (did you mean {':'.join(name.rsplit('.', 1))!r}?)" if dotted else ""
                 raise ConfigError(f"{key} = {name!r} is unknown; valid: {sorted(self._builtins)}, or a plug-in's "
-                                  "import path 'package.module:Name'")
+                                  f"import path 'package.module:Name'{hint}")
             if found is None or isinstance(found, str):
                 found = self._import(key, name, found or name)
             problem = self._check(found)
@@ -83,6 +85,9 @@ class Registry(Mapping):
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
+            if err.name and not (module_name + ".").startswith(err.name + "."):     # found; what it imports is not
+                raise ConfigError(f"{key} = {name!r}: module {module_name!r} imports {err.name!r}, which cannot be "
+                                  f"imported ({err}); install it on every node") from None
             raise ConfigError(f"{key} = {name!r}: cannot import module {module_name!r} ({err}); install the "
                               "package or put its folder on PYTHONPATH, on every node") from None
         except Exception as err:                # noqa: BLE001 — the plug-in's own code failed as it loaded

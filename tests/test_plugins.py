@@ -72,7 +72,8 @@ def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
     ("algorithm.params.stepp", "1.0", "algorithm.params"),
     ("model.name", '"labfl.model:Mpl"', "model.name = 'labfl.model:Mpl'"),
 
-    ("data.dataset", '"labfl.data.blobs"', "data.dataset = 'labfl.data.blobs' is unknown"),
+    ("data.dataset", '"labfl.data.blobs"', "data.dataset = 'labfl.data.blobs' is unknown; valid: ['cifar10', "),
+    ("data.dataset", '"labfl.data.blobs"', "import path 'package.module:Name' (did you mean 'labfl.data:blobs'?)"),
     ("data.partition", '"labfl.partition:shard"', "data.partition = 'labfl.partition:shard': module 'labfl.partition' "
                                                   "has no 'shard'"),
     ("data.partition", '"labfll.partition:shards"', "data.partition = 'labfll.partition:shards': cannot import"),
@@ -391,3 +392,13 @@ def test_a_plugin_hook_or_params_hpcfl_cannot_use_is_refused_at_validation(key, 
     value = value if value.startswith("{") else repr(value)
     assert launch([str(path), "--check", "--set", f"{key}={value}"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_plugin_whose_own_import_fails_names_the_missing_package_not_the_plugin(tmp_path, monkeypatch, capsys):
+    (tmp_path / "needsdep.py").write_text("import hpcfl_absent_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    assert launch([str(path), "--check", "--set", "data.partition='needsdep:split'"]) == 2
+    assert ("data.partition = 'needsdep:split': module 'needsdep' imports 'hpcfl_absent_dependency', which cannot be "
+            "imported") in capsys.readouterr().err
