@@ -113,5 +113,9 @@ def batch_loss(model: nn.Module, terms, x: torch.Tensor, second: torch.Tensor | 
     for term in terms:
         extra = term.loss(model, x, y, paired if term.views == 2 else features, logits)
         if extra is not None:
+            if not (isinstance(extra, torch.Tensor) and extra.dim() == 0):
+                raise TypeError(f"loss term '{term.name}' returned {type(extra).__name__} "
+                                f"{tuple(getattr(extra, 'shape', ()))} from `loss`: a term returns the batch's "
+                                "loss as a 0-dim tensor (or None: no loss)")
             loss = loss + extra
     return loss

@@ -1,7 +1,7 @@
 """LocalTrainer's own rules, each against what it must equal: a round trained in parts sees the batches
 of one in one go, dropout draws depend on (seed, round, client) alone, the model trains in training
 mode whatever mode it arrives in, BatchNorm models skip a one-sample last batch (others keep it), and the
-task loss sees the logits as the terms adjust them."""
+task loss sees the logits as the terms adjust them; a term's loss that is not one number is named."""
 import numpy as np
 import pytest
 import torch
@@ -160,3 +160,22 @@ def test_crop_flip_pads_normalised_images_with_black_pixels():
     assert set(out[:, 0].unique().tolist()) == {3.0, -2.0} and set(out[:, 1].unique().tolist()) == {3.0, -0.5}
     reflecting = LocalTrainer(TrainConfig(augment="crop_flip_reflect"), seed=0, normalization=stats)
     assert set(reflecting.views(x, torch.Generator().manual_seed(1), terms=())[0].unique().tolist()) == {3.0}
+
+
+@pytest.mark.parametrize("returned, what", [(lambda f: f.pow(2).sum(dim=1), r"Tensor \(4,\)"),
+                                            (lambda f: 0.5, r"float \(\)")])
+def test_a_term_whose_loss_is_not_one_number_tensor_is_named(returned, what):
+    """A vector would fail in backward with a message about implicit gradients; a float would add a
+    constant that trains nothing: both are a plug-in's mistake, named with the term."""
+    from hpcfl.terms import Term
+
+    class Wrong(Term):
+        name = "wrong"
+
+        def loss(self, model, x, y, features, logits):
+            return returned(features)
+
+    trainer, client = LocalTrainer(TrainConfig(batch_size=4, lr=0.1), seed=1), _client(8)
+    with pytest.raises(TypeError, match=rf"loss term 'wrong' returned {what} from `loss`: a term returns the "
+                                        r"batch's loss as a 0-dim tensor"):
+        trainer.train(_net(), client, 0, terms=[Wrong(None)])
