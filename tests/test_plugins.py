@@ -11,6 +11,7 @@ import pytest
 
 import hpcfl
 from hpcfl.config import apply_overrides
+from hpcfl.errors import HpcflError
 from hpcfl.jobs import job_from_dict, resolve
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
@@ -402,3 +403,33 @@ def test_a_plugin_whose_own_import_fails_names_the_missing_package_not_the_plugi
     assert launch([str(path), "--check", "--set", "data.partition='needsdep:split'"]) == 2
     assert ("data.partition = 'needsdep:split': module 'needsdep' imports 'hpcfl_absent_dependency', which cannot be "
             "imported") in capsys.readouterr().err
+
+
+BAD_RETURNS = """
+from hpcfl import FedAvg
+
+class Misspelt(FedAvg):
+    name = "misspelt"
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        sent, metrics = super().client_update(phase, round, client, downlink, model, trainer)
+        return {"modle": sent["model"]}, metrics
+
+class DictOnly(FedAvg):
+    name = "dict_only"
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        return super().client_update(phase, round, client, downlink, model, trainer)[0]
+"""
+
+
+@pytest.mark.parametrize("algorithm, message", [
+    ("Misspelt", "algorithm 'misspelt': client_update returned payload(s) ['modle'], which phase 'train' does not "
+                 "declare (its uplink: ['model'])"),
+    ("DictOnly", "algorithm 'dict_only': client_update returned a dict, not ({payload: (tensors, weight)}, metrics)")])
+def test_an_update_returning_what_its_phase_does_not_declare_is_named(algorithm, message, tmp_path, monkeypatch):
+    (tmp_path / "returns.py").write_text(BAD_RETURNS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = {"run": {"study": "r", "rounds": 1, "results_root": str(tmp_path)}, "data": {"dataset": "digits"},
+           "algorithm": {"name": f"returns:{algorithm}"}}
+    with pytest.raises(HpcflError, match=re.escape(message)) as raised:
+        hpcfl.run(job, quiet=True)
+    assert re.fullmatch(r"hpcfl: in client \d+, round 1, phase 'train'", raised.value.__notes__[0])

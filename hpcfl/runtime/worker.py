@@ -56,7 +56,8 @@ class Worker:
             client.keep(_moved(client.kept(), lambda t: t.to(self.device)))
             received = _received(downlink, replies, cid)
             try:
-                contributions, metrics = self.algorithm.client_update(phase, round, client, received, model, trainer)
+                contributions, metrics = _checked(self.algorithm, phase, self.algorithm.client_update(
+                    phase, round, client, received, model, trainer))
             except Exception as err:
                 err.add_note(f"hpcfl: in client {cid}, round {round + 1}, phase '{phase.name}'")
                 raise
@@ -148,6 +149,20 @@ class Worker:
     def client_state_bytes(self) -> int:
         """Memory held by the hosted clients' persistent state (on the CPU between rounds)."""
         return sum(t.numel() * t.element_size() for c in self.clients.values() for *_, t in _tensors(c.kept()))
+
+
+def _checked(algorithm, phase: Phase, returned) -> tuple[dict, dict]:
+    """client_update's ({payload: (tensors, weight)}, metrics) as the phase declares them; a plug-in's
+    mistake is named here rather than as an unpacking or key error in the sums."""
+    if not (isinstance(returned, tuple) and len(returned) == 2 and all(isinstance(r, dict) for r in returned)
+            and all(isinstance(c, tuple) and len(c) == 2 for c in returned[0].values())):
+        raise HpcflError(f"algorithm '{algorithm.name}': client_update returned a {type(returned).__name__}, not "
+                         "({payload: (tensors, weight)}, metrics)")
+    unknown = sorted(set(returned[0]) - set(phase.uplink))
+    if unknown:
+        raise HpcflError(f"algorithm '{algorithm.name}': client_update returned payload(s) {unknown}, which phase "
+                         f"'{phase.name}' does not declare (its uplink: {sorted(phase.uplink)})")
+    return returned
 
 
 def _received(downlink: dict, replies: dict | None, cid: int) -> dict:
