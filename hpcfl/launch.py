@@ -119,9 +119,9 @@ def _stop_signals():
             signal.signal(sig, handler)
 
 
-def _abort(transport, err: BaseException) -> None:
+def _abort(transport, err: BaseException, code: Exit = Exit.FAILED) -> None:
     """Print the failure with rank and host in one write (a traceback unless hpcfl raised it on
-    purpose), then end every rank."""
+    purpose), then end every rank with `code`."""
     from hpcfl.runtime.lock import release
 
     rank, round = getattr(transport, "rank", 0), getattr(transport, "round", -1)
@@ -134,8 +134,8 @@ def _abort(transport, err: BaseException) -> None:
     sys.stderr.flush()
     release()
     if getattr(transport, "size", 1) > 1:
-        transport.comm.Abort(1)
-    sys.exit(Exit.FAILED)
+        transport.comm.Abort(code)
+    sys.exit(code)
 
 
 def _refuse(err: HpcflError):
@@ -260,7 +260,7 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
             if transport is None and _launched():   # the job could not be read here; other ranks may wait for us
                 transport, err = _refuse(err)
             elif transport is not None and transport.size > 1 and not isinstance(err, SetupFailed):
-                _abort(transport, err)    # this rank's alone (its log folder, the server's result file): peers wait
+                _abort(transport, err, Exit.BAD_INPUT)     # this rank's alone (the server's result file): peers wait
             if transport is None or transport.is_server:
                 sys.stderr.write(f"hpcfl: error: {err}\n")
             _close(transport)

@@ -7,13 +7,20 @@ from hpcfl.config import coerce
 from hpcfl.errors import ConfigError
 
 
+def require_frozen(cls: type, where: str) -> None:
+    """A plug-in's Params or Options must be a frozen dataclass, its own fields declared (a subclass
+    of one that is not decorated itself would drop its new fields silently)."""
+    declared = set(vars(cls).get("__annotations__", {}))
+    if not (is_dataclass(cls) and cls.__dataclass_params__.frozen) or declared - set(cls.__dataclass_fields__):
+        raise ConfigError(f"[{where}] is read into {cls.__qualname__}, which is not a frozen dataclass: "
+                          "decorate it with @dataclass(frozen=True)")
+
+
 def params_from(cls: type, raw: Any, where: str):
     """Build a Params dataclass (an algorithm's, a term's) from a config table, naming bad keys."""
     if not isinstance(raw, dict):
         raise ConfigError(f"[{where}] must be a table of parameters, got {raw!r}")
-    if not (is_dataclass(cls) and cls.__dataclass_params__.frozen):     # a plug-in's Params or Options
-        raise ConfigError(f"[{where}] is read into {cls.__qualname__}, which is not a frozen dataclass: "
-                          "decorate it with @dataclass(frozen=True)")
+    require_frozen(cls, where)
     hints, names = get_type_hints(cls), [f.name for f in fields(cls)]
     unknown = sorted(set(raw) - set(names))
     if unknown:
@@ -34,6 +41,7 @@ def model_params(raw: dict, options: dict[str, type]) -> dict[str, Any]:
     common = {k: v for k, v in raw.items() if k not in tables}
     out = {}
     for name, kind in options.items():
+        require_frozen(kind, f"model.params of model '{name}'")
         hints, valid, values = get_type_hints(kind), [f.name for f in fields(kind)], {}
         for where, table in (("model.params", common), (f"model.params.{name}", tables.get(name, {}))):
             unknown = sorted(set(table) - set(valid))

@@ -84,10 +84,10 @@ class Registry(Mapping):
         module_name, _, attribute = path.partition(":")
         try:
             module = importlib.import_module(module_name)
-        except ImportError as err:
+        except ModuleNotFoundError as err:
             if err.name and not (module_name + ".").startswith(err.name + "."):     # found; what it imports is not
-                raise ConfigError(f"{key} = {name!r}: module {module_name!r} imports {err.name!r}, which cannot be "
-                                  f"imported ({err}); install it on every node") from None
+                raise ConfigError(f"{key} = {name!r}: module {module_name!r} imports {err.name!r}, which is not "
+                                  "installed here; install it on every node") from None
             raise ConfigError(f"{key} = {name!r}: cannot import module {module_name!r} ({err}); install the "
                               "package or put its folder on PYTHONPATH, on every node") from None
         except Exception as err:                # noqa: BLE001 — the plug-in's own code failed as it loaded
@@ -113,25 +113,36 @@ def subclass_of(base: type, what: str, required: tuple[str, ...] = ()) -> Callab
         missing = [hook for hook in required if getattr(found, hook) is getattr(base, hook)]
         if missing:
             return f"{found.__qualname__} does not define {', '.join(missing)}, which {what} needs"
-        for hook in [n for n, v in vars(base).items() if not n.startswith("_") and callable(getattr(base, n))]:
-            fault = _takes_args_of(getattr(found, hook), getattr(base, hook))
+        hooks = [n for n, v in vars(base).items()
+                 if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, (classmethod, staticmethod)))]
+        for hook in hooks:
+            fault = _hook_fault(found, base, hook)
             if fault:
                 return f"{found.__qualname__}.{hook}{fault}"
         return None
     return check
 
 
-def _takes_args_of(override, original) -> str | None:
-    """None if `override` can be called with `original`'s required positional arguments, else why not."""
-    try:
-        wanted = [p for p in inspect.signature(original).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-        inspect.signature(override).bind(*wanted)
-    except ValueError:              # no signature to read: its call will tell
+def _hook_fault(found: type, base: type, hook: str) -> str | None:
+    """Why `found`'s `hook` cannot take the required positional arguments hpcfl passes `base`'s, or None."""
+    mine, theirs = inspect.getattr_static(found, hook), inspect.getattr_static(base, hook)
+    if mine is theirs:
         return None
+    override = getattr(found, hook)
+    if not callable(override):
+        return f" is a {type(mine).__name__}, not a method"
+    try:
+        wanted = [p.name for p in inspect.signature(getattr(base, hook)).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        signature = inspect.signature(override)
+    except (TypeError, ValueError):     # no signature to read: its call will tell
+        return None
+    if isinstance(mine, staticmethod) and inspect.isfunction(theirs):
+        wanted = wanted[1:]             # called on an instance: no self
+    try:
+        signature.bind(*wanted)
     except TypeError as err:
-        return (f"{inspect.signature(override)} does not take the arguments hpcfl passes it "
-                f"({', '.join(p.name for p in wanted)}): {err}")
+        return f"{signature} does not take the arguments hpcfl passes it ({', '.join(wanted)}): {err}"
     return None
 
 

@@ -369,6 +369,28 @@ class Thawed(FedAvg):
     @dataclass
     class Params:
         step: float = 1.0
+
+class Undecorated2(FedAvg):
+    name = "undecorated2"
+    class Params(FedAvg.Params):
+        step: float = 1.0
+
+class Unset(FedAvg):
+    name = "unset"
+    start_from = None
+
+class Loose:                                 # a model whose Options is not a dataclass
+    class Options:
+        hidden: int = 8
+
+class Required(FedAvg):                      # fits: a Params field without a default, a static hook
+    name = "required"
+    @dataclass(frozen=True)
+    class Params:
+        mu: float
+    @staticmethod
+    def start_from(model, client, state):
+        model.load_state_dict(state)
 """
 
 
@@ -383,7 +405,12 @@ class Thawed(FedAvg):
                                                       "(self, model, x, y, features, logits)"),
     ("algorithm.name", "hooks:Undecorated", "[algorithm.params] is read into Undecorated.Params, which is not a frozen "
                                             "dataclass: decorate it with @dataclass(frozen=True)"),
-    ("algorithm.name", "hooks:Thawed", "[algorithm.params] is read into Thawed.Params, which is not a frozen")])
+    ("algorithm.name", "hooks:Thawed", "[algorithm.params] is read into Thawed.Params, which is not a frozen"),
+    ("algorithm.name", "hooks:Undecorated2", "[algorithm.params] is read into Undecorated2.Params, which is not a "
+                                             "frozen dataclass"),
+    ("algorithm.name", "hooks:Unset", "algorithm.name = 'hooks:Unset': Unset.start_from is a NoneType, not a method"),
+    ("model.name", "hooks:Loose", "[model.params of model 'hooks:Loose'] is read into Loose.Options, which is not a "
+                                  "frozen dataclass")])
 def test_a_plugin_hook_or_params_hpcfl_cannot_use_is_refused_at_validation(key, value, message, tmp_path,
                                                                         monkeypatch, capsys):
     (tmp_path / "hooks.py").write_text(BAD_HOOKS)
@@ -401,8 +428,8 @@ def test_a_plugin_whose_own_import_fails_names_the_missing_package_not_the_plugi
     path = tmp_path / "job.toml"
     path.write_text(JOB.format(root=tmp_path, name="lab"))
     assert launch([str(path), "--check", "--set", "data.partition='needsdep:split'"]) == 2
-    assert ("data.partition = 'needsdep:split': module 'needsdep' imports 'hpcfl_absent_dependency', which cannot be "
-            "imported") in capsys.readouterr().err
+    assert ("data.partition = 'needsdep:split': module 'needsdep' imports 'hpcfl_absent_dependency', which is not "
+            "installed here") in capsys.readouterr().err
 
 
 BAD_RETURNS = """
@@ -418,13 +445,28 @@ class DictOnly(FedAvg):
     name = "dict_only"
     def client_update(self, phase, round, client, downlink, model, trainer):
         return super().client_update(phase, round, client, downlink, model, trainer)[0]
+
+class NoMetrics(FedAvg):
+    name = "no_metrics"
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        return super().client_update(phase, round, client, downlink, model, trainer)[0], None
+
+class Unweighted(FedAvg):
+    name = "unweighted"
+    def client_update(self, phase, round, client, downlink, model, trainer):
+        sent, metrics = super().client_update(phase, round, client, downlink, model, trainer)
+        return {"model": sent["model"][0]}, metrics
 """
 
 
 @pytest.mark.parametrize("algorithm, message", [
     ("Misspelt", "algorithm 'misspelt': client_update returned payload(s) ['modle'], which phase 'train' does not "
                  "declare (its uplink: ['model'])"),
-    ("DictOnly", "algorithm 'dict_only': client_update returned a dict, not ({payload: (tensors, weight)}, metrics)")])
+    ("DictOnly", "algorithm 'dict_only': client_update returned a dict, not ({payload: (tensors, weight)}, metrics)"),
+    ("NoMetrics", "algorithm 'no_metrics': client_update returned (dict, NoneType), not ({payload: (tensors, "
+                  "weight)}, metrics): two dicts"),
+    ("Unweighted", "algorithm 'unweighted': client_update returned payload(s) ['model'], each not a (tensors, weight) "
+                   "pair")])
 def test_an_update_returning_what_its_phase_does_not_declare_is_named(algorithm, message, tmp_path, monkeypatch):
     (tmp_path / "returns.py").write_text(BAD_RETURNS)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -433,3 +475,23 @@ def test_an_update_returning_what_its_phase_does_not_declare_is_named(algorithm,
     with pytest.raises(HpcflError, match=re.escape(message)) as raised:
         hpcfl.run(job, quiet=True)
     assert re.fullmatch(r"hpcfl: in client \d+, round 1, phase 'train'", raised.value.__notes__[0])
+
+
+def test_plugin_hooks_and_params_that_fit_their_calls_are_accepted(tmp_path, monkeypatch):
+    """A Params field without a default (the job sets it) and a static hook take hpcfl's calls."""
+    (tmp_path / "hooks.py").write_text(BAD_HOOKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    assert launch([str(path), "--check", "--set", "algorithm.name='hooks:Required'", "--set",
+                   "algorithm.params={mu=0.1}"]) == 0
+
+
+def test_a_plugin_failing_an_import_of_its_own_code_says_so(tmp_path, monkeypatch, capsys):
+    (tmp_path / "oldname.py").write_text("from hpcfl.algorithms import FedAvgX\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    assert launch([str(path), "--check", "--set", "algorithm.name='oldname:Mine'"]) == 2
+    assert ("algorithm.name = 'oldname:Mine': importing module 'oldname' failed: ImportError: cannot import name "
+            "'FedAvgX'") in capsys.readouterr().err

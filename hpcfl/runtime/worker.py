@@ -154,14 +154,20 @@ class Worker:
 def _checked(algorithm, phase: Phase, returned) -> tuple[dict, dict]:
     """client_update's ({payload: (tensors, weight)}, metrics) as the phase declares them; a plug-in's
     mistake is named here rather than as an unpacking or key error in the sums."""
-    if not (isinstance(returned, tuple) and len(returned) == 2 and all(isinstance(r, dict) for r in returned)
-            and all(isinstance(c, tuple) and len(c) == 2 for c in returned[0].values())):
-        raise HpcflError(f"algorithm '{algorithm.name}': client_update returned a {type(returned).__name__}, not "
-                         "({payload: (tensors, weight)}, metrics)")
-    unknown = sorted(set(returned[0]) - set(phase.uplink))
+    where = f"algorithm '{algorithm.name}': client_update returned"
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        raise HpcflError(f"{where} a {type(returned).__name__}, not ({{payload: (tensors, weight)}}, metrics)")
+    contributions, metrics = returned
+    if not (isinstance(contributions, dict) and isinstance(metrics, dict)):
+        raise HpcflError(f"{where} ({type(contributions).__name__}, {type(metrics).__name__}), not "
+                         "({payload: (tensors, weight)}, metrics): two dicts")
+    unpaired = [name for name, c in contributions.items() if not (isinstance(c, tuple | list) and len(c) == 2)]
+    if unpaired:
+        raise HpcflError(f"{where} payload(s) {unpaired}, each not a (tensors, weight) pair")
+    unknown = sorted(set(contributions) - set(phase.uplink))
     if unknown:
-        raise HpcflError(f"algorithm '{algorithm.name}': client_update returned payload(s) {unknown}, which phase "
-                         f"'{phase.name}' does not declare (its uplink: {sorted(phase.uplink)})")
+        raise HpcflError(f"{where} payload(s) {unknown}, which phase '{phase.name}' does not declare (its uplink: "
+                         f"{sorted(phase.uplink)})")
     return returned
 
 
