@@ -390,8 +390,8 @@ def read_job(job: "str | Path | dict | JobConfig", overrides: list[str] = (), al
     else:
         raw = read_job_file(job)
         if "sweep" in raw and not allow_sweep:
-            raise ConfigError(f"job file {job} defines a [sweep]: run one of its points with `hpcfl sweep "
-                              f"{job} --index I` (`--list` shows them)")
+            raise ConfigError(f"job file {job} defines a [sweep]: run one of its points with `hpcfl sweep {job} "
+                              f"--index I`; `hpcfl sweep {job} --list` checks every point and lists them")
         raw = {table: values for table, values in raw.items() if table != "sweep"}
     return parse_job(apply_overrides(raw, list(overrides)))
 

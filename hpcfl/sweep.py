@@ -15,7 +15,7 @@ job with those keys set, run.seed set, and run.name = `<run.name or "sweep">-<ar
 (so every point writes its own result file, and a re-submitted sweep skips the points already
 complete). Arms share seeds, so `analyze compare --baseline run.arm=FedAvg` pairs them:
 
-    hpcfl sweep JOB --list                       # the points, with their indices
+    hpcfl sweep JOB --list                       # every point checked, and listed with its index
     [mpiexec] hpcfl sweep JOB [--index I] [run options]
                                                  # run point I (default $SLURM_ARRAY_TASK_ID)
     hpcfl sweep JOB --submit [--max-concurrent K] [run options] [-- sbatch options]
@@ -126,7 +126,8 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("job")
-    parser.add_argument("--list", action="store_true", help="print the points with their indices and exit")
+    parser.add_argument("--list", action="store_true", help="check every point as its run will (keys, values, "
+                                                           "plug-ins) and print them with their indices")
     parser.add_argument("--index", type=int, default=None, help="the point to run (default: $SLURM_ARRAY_TASK_ID)")
     parser.add_argument("--submit", action="store_true", help="submit every point as one SLURM job array (sbatch)")
     parser.add_argument("--max-concurrent", type=int, default=0, metavar="K",
@@ -139,7 +140,7 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     try:
         todo = points(read_job_file(args.job))
         options = _check_run_options(args.job, launch_args, swept_keys(todo))
-        if args.submit:
+        if args.submit or args.list:
             _check_points(args.job, run_overrides(options), todo)
     except HpcflError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")

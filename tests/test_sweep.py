@@ -77,6 +77,10 @@ def test_bad_sweeps_and_direct_launches_are_refused_by_name(job, tmp_path, capsy
     bad.write_text(SWEEP.replace('seeds = [0, 1]', 'seeds = "0"'))
     assert main([str(bad), "--list"]) == 2
     assert "sweep.seeds" in capsys.readouterr().err
+    misspelt = tmp_path / "misspelt.toml"
+    misspelt.write_text(SWEEP.replace('"data.partition_params.beta"', '"data.partition_params.bta"'))
+    assert main([str(misspelt), "--list"]) == 2                   # checked as each point's run will, not listed
+    assert "point 0 (" in (err := capsys.readouterr().err) and "partition_params.bta" in err
 
 
 ARMS = {"FedAvg": {"algorithm.name": "fedavg"},
