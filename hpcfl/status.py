@@ -2,9 +2,10 @@
 
 - complete: every round done;
 - running: a writer holds the file (its lock was refreshed in the last STALE_S seconds, by the file
-  system's clock); a file it is writing that does not read back at that moment is running too;
-- interrupted: stopped at a checkpoint, or killed (a file marked running whose lock went stale):
-  run the same command again to resume;
+  system's clock, and its process, if on this node, is alive); a file it is writing that does not read
+  back at that moment is running too;
+- interrupted: stopped at a checkpoint, or killed (a file marked running whose lock went stale or
+  whose process on this node is gone): run the same command again to resume;
 - failed: a failure during training ended the run;
 - unreadable: not a valid result file, or damaged: some part of it does not read back (the reason
   is printed; `hpcfl analyze` skips the same files);

@@ -86,13 +86,19 @@ def _create(path: Path, me: dict) -> bool:
     return True
 
 
-def _take_over(path: Path, result_path: Path, me: dict) -> bool:
-    """Take over the lock if its owner is gone or silent, else raise ResultsError naming the owner;
-    False if the lock went before it could be judged."""
+def _owner(path: Path) -> dict:
+    """The lock's owner as it wrote itself ({} when unreadable)."""
     try:
         owner = json.loads(path.read_text())
     except (OSError, ValueError):
-        owner = {}
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _take_over(path: Path, result_path: Path, me: dict) -> bool:
+    """Take over the lock if its owner is gone or silent, else raise ResultsError naming the owner;
+    False if the lock went before it could be judged."""
+    owner = _owner(path)
     temporary = path.with_name(f"{path.name}.{me['pid']}")
     temporary.write_text(json.dumps(me))
     try:
@@ -100,7 +106,6 @@ def _take_over(path: Path, result_path: Path, me: dict) -> bool:
     except FileNotFoundError:
         temporary.unlink()
         return False
-    owner = owner if isinstance(owner, dict) else {}
     if not _gone(owner, me) and silent <= STALE_S:
         temporary.unlink()
         raise ResultsError(f"{result_path} is being written by another run ({_describe(owner)}; lock file "
@@ -137,8 +142,11 @@ def claim(result_path: Path) -> None:
 def writing(result_path: Path) -> bool:
     """Whether a run is writing `result_path`: its lock was refreshed within STALE_S, by the file
     system's clock where a probe can be written next to it (else this machine's: a reader may not
-    write there)."""
-    path = lock_path(result_path)
+    write there), and its owner is not provably gone (a dead process on this node)."""
+    path, me = lock_path(result_path), _me()
+    owner = _owner(path)
+    if owner.get("pid") != me["pid"] and _gone(owner, me):     # (this process asking: it is the writer)
+        return False
     probe = path.with_name(f"{path.name}.probe-{socket.gethostname()}-{os.getpid()}")
     try:
         try:

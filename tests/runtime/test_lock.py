@@ -156,6 +156,11 @@ def test_a_run_is_writing_while_its_lock_is_fresh_by_the_file_systems_clock(tmp_
 
     path = tmp_path / "run.h5"
     assert not lock.writing(path)                                       # no lock
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _write_lock(path, job="", host=socket.gethostname(), pid=int(dead.stdout))
+    assert not lock.writing(path)                          # fresh, but its process is gone: a killed run
+    _write_lock(path, job="", host=socket.gethostname(), pid=os.getpid())
+    assert lock.writing(path)                                           # this process's own
     _write_lock(path, host="elsewhere", pid=1)
     assert lock.writing(path)
     refreshed = time.time() - lock.STALE_S - 30
