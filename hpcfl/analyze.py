@@ -42,7 +42,7 @@ from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
 from hpcfl.analysis.results import truncate, varying_keys
 from hpcfl.analysis.tables import SELECTION, STATISTICS, forgetting, personalised, time_and_bytes
-from hpcfl.errors import ResultsError, exit_help
+from hpcfl.errors import Exit, ResultsError, exit_help
 from hpcfl.metrics import read_run
 
 # what each command reads: (dataset names, name prefixes); None: the --metric
@@ -65,7 +65,7 @@ def _positive(kind):
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(),
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(Exit.DONE, Exit.BAD_INPUT),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     for name in NEEDS:

@@ -56,9 +56,10 @@ EXIT_MEANING = {
 }
 
 
-def exit_help() -> str:
-    """The exit statuses as --help's epilog prints them."""
+def exit_help(*codes: Exit) -> str:
+    """The exit statuses a command uses (all: a run's) as its --help's epilog prints them."""
     lines = [textwrap.fill(text, 100, initial_indent=f"  {int(code)}  ", subsequent_indent="     ")
-             for code, text in EXIT_MEANING.items()]
-    return "\n".join(["exit status:", *lines, "After an orderly end only rank 0 exits non-zero (mpiexec reports the "
-                      "bitwise OR of the ranks' codes)."])
+             for code, text in EXIT_MEANING.items() if code in (codes or Exit)]
+    ranks = ["After an orderly end only rank 0 exits non-zero (mpiexec reports the bitwise OR of the ranks' "
+             "codes)."] if not codes else []
+    return "\n".join(["exit status:", *lines, *ranks])

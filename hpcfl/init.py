@@ -17,7 +17,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"     # the repository's
 
 
 def main(argv=None, prog: str = "hpcfl init") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(),
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(Exit.DONE, Exit.BAD_INPUT),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", nargs="?", default=".", help="where slurm/ and jobs/ go (default: here)")
     folder = Path(parser.parse_args(argv).folder)

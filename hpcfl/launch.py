@@ -26,26 +26,36 @@ _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
 
-def parser(prog: str = "python -m hpcfl.launch") -> argparse.ArgumentParser:
-    """The options of a run (`hpcfl run`, `hpcfl sweep --index` and this module take them)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=exit_help(),
-        description="Run a federated-learning job described by a TOML job file (see jobs/). "
-                    "Without mpirun one process does everything; with `mpirun -np N`, rank 0 is the "
-                    "server and ranks 1..N-1 host the clients. Same seed, same numbers (to float rounding), any N.")
+RUN = ("Run a federated-learning job described by a TOML job file (see jobs/). Without mpirun one process does "
+       "everything; with `mpirun -np N`, rank 0 is the server and ranks 1..N-1 host the clients. Same seed, same "
+       "numbers (to float rounding), any N.")
+CHECK = ("Validate a job file (keys, types, ranges, plug-ins and their combinations) and print it resolved as JSON, "
+         "every parameter table as the run would use it; nothing is read or trained.")
+
+
+def parser(prog: str = "python -m hpcfl.launch", checking: bool = False) -> argparse.ArgumentParser:
+    """The options of a run (`hpcfl run`, `hpcfl sweep --index` and this module take them); `checking`:
+    the ones a check reads (`hpcfl check`, or `--check`), with its own description and exit codes."""
+    parser = argparse.ArgumentParser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description=CHECK if checking else RUN,
+                                     epilog=exit_help(Exit.DONE, Exit.BAD_INPUT) if checking else exit_help())
     parser.add_argument("job", help="TOML job file, e.g. jobs/quickstart.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override any job-file key with a TOML value, e.g. --set train.lr=0.05 "
                              "--set data.partition_params.beta=0.1 --set run.name=trial-3 (repeatable)")
-    parser.add_argument("--data-root", default=None,
-                        help="folder with the datasets (default: data.root, then $HPCFL_DATA, then "
-                             "/usr/share/datasets where Debian's dataset-fashion-mnist installs)")
     parser.add_argument("--results-root", default=None, help="overrides run.results_root (default 'results')")
-    parser.add_argument("--check", action="store_true", help="validate the job file, print it resolved, and exit")
+    def run_only(text: str) -> str:       # a check takes these options, and ignores them
+        return argparse.SUPPRESS if checking else text
+
+    parser.add_argument("--check", action="store_true",
+                        help=run_only("validate the job file, print it resolved, and exit"))
+    parser.add_argument("--data-root", default=None,
+                        help=run_only("folder with the datasets (default: data.root, then $HPCFL_DATA, then "
+                                      "/usr/share/datasets where Debian's dataset-fashion-mnist installs)"))
     parser.add_argument("--log-level", choices=LEVELS, default=None,
-                        help="every rank's log level (default: INFO on rank 0, WARNING on the others)")
+                        help=run_only("every rank's log level (default: INFO on rank 0, WARNING on the others)"))
     parser.add_argument("--log-dir", default=None,
-                        help="also write each rank's log to DIR/<run>[-<SLURM job>]-rank<r>.log")
+                        help=run_only("also write each rank's log to DIR/<run>[-<SLURM job>]-rank<r>.log"))
     return parser
 
 
@@ -167,8 +177,9 @@ def main(argv=None, allow_sweep: bool = False, prog: str = "python -m hpcfl.laun
     """`allow_sweep`: the job file may have a [sweep] table (hpcfl.sweep runs one of its points)."""
     from hpcfl.runtime.lock import release
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return _main(parser(prog).parse_args(argv), allow_sweep)
+        return _main(parser(prog, checking="--check" in argv).parse_args(argv), allow_sweep)
     finally:
         release()
 

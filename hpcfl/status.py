@@ -49,7 +49,7 @@ def sweep_files(job: str, overrides: list[str]) -> list[Path]:
 
 
 def main(argv=None, prog: str = "hpcfl status") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(),
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(Exit.DONE, Exit.BAD_INPUT),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="*", help="result files, or folders searched for them")
     parser.add_argument("--sweep", metavar="JOB", help="a sweep's job file: also list its points with no file")

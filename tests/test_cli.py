@@ -35,7 +35,7 @@ def test_help_lists_every_command_and_every_exit_status(capsys):
     assert main(["trian"]) == Exit.BAD_INPUT and "unknown command 'trian'" in capsys.readouterr().err
     assert main(["--version"]) == Exit.DONE
     assert capsys.readouterr().out == f"hpcfl {hpcfl.__version__} (commit {git_commit()})\n"
-    for command in ("run", "sweep", "analyze"):
+    for command in ("run", "sweep"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert f"hpcfl {command}" in (out := capsys.readouterr().out) and "  3  stopped at a checkpoint" in out
@@ -218,3 +218,24 @@ def test_provenance_records_the_checkouts_commit_or_else_the_one_the_install_was
     assert git_commit() == "1234abc"
     monkeypatch.setitem(sys.modules, "hpcfl._commit", None)          # a source tree never built
     assert git_commit() == "unknown"
+
+
+def test_check_and_status_help_show_their_own_options_and_exit_codes(capsys):
+    """`hpcfl check -h` is not `hpcfl run -h`: no run-only options, and only the codes a check can end with."""
+    from hpcfl.cli import main
+
+    for command in ("check", "status", "init", "analyze"):
+        with pytest.raises(SystemExit):
+            main([command, "-h"])
+        text = capsys.readouterr().out
+        assert "  0  done" in text and "  2  bad input" in text
+        assert "  1  a failure during training" not in text and "  3  stopped at a checkpoint" not in text, command
+    with pytest.raises(SystemExit):
+        main(["check", "-h"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: hpcfl check [-h] [--set KEY=VALUE] [--results-root RESULTS_ROOT] job")
+    assert "Validate a job file" in text and "--log-dir" not in text and "--data-root" not in text
+    with pytest.raises(SystemExit):
+        main(["run", "-h"])
+    text = capsys.readouterr().out
+    assert "--log-dir" in text and "  3  stopped at a checkpoint" in text and "only rank 0 exits non-zero" in text
