@@ -213,6 +213,18 @@ MAX_THREADS = 1024   # torch's intra-op threads per rank: more cores than any no
 NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 
 
+def flatten(table: dict, prefix: str = "") -> dict:
+    """{"data": {"partition_params": {"beta": 0.5}}} -> {"data.partition_params.beta": 0.5}; an empty
+    table stays a value."""
+    flat = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def _key_path(key: str) -> list[str] | None:
     """A dotted TOML key's parts, quoted parts whole ('algorithm.terms."pkg.mod:Term".weight' has 3 dots
     and 4 parts); None unless `key` is one TOML key."""

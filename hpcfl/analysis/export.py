@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcfl.analysis.results import find_files
+from hpcfl.config import flatten
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
@@ -72,17 +73,6 @@ class Replay:
         return dict(sorted(steps.items()))
 
 
-def flatten(table: dict, prefix: str = "") -> dict[str, str]:
-    """{"train": {"lr": 0.05}} -> {"train.lr": "0.05"}: the configuration as tracker parameters."""
-    flat = {}
-    for key, value in table.items():
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
-    return flat
-
-
 def to_tensorboard(replay: Replay, out: Path) -> Path:
     from torch.utils.tensorboard import SummaryWriter
     folder = out / replay.study / replay.name
@@ -120,7 +110,8 @@ def to_mlflow(replay: Replay, out: Path) -> Path:
     run = client.create_run(experiment, run_name=replay.name, tags={
         "hpcfl.run": replay.name, "hpcfl.status": replay.status, "hpcfl.committed_rounds": str(replay.rounds)})
     now = int(time.time() * 1000)
-    params = [Param(k, v[:6000]) for k, v in flatten(replay.config).items()]
+    params = [Param(k, (json.dumps(v) if isinstance(v, dict | list | bool) else str(v))[:6000])    # as text
+              for k, v in flatten(replay.config).items()]
     metrics = [Metric(name, value, now, step) for name, step, value in replay.scalars]
     for i in range(0, max(len(params), len(metrics)), 100):     # MLflow takes at most 100 parameters a batch
         client.log_batch(run.info.run_id, metrics=metrics[i:i + 100], params=params[i:i + 100])

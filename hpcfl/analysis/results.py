@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hpcfl.config import NON_RESULT_KEYS, current_names
+from hpcfl.config import NON_RESULT_KEYS, current_names, flatten
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
 
@@ -47,18 +47,6 @@ def find_files(paths) -> list[Path]:
     return found
 
 
-def flatten(config: dict, prefix: str = "") -> dict:
-    """{"data": {"partition_params": {"beta": 0.5}}} -> {"data.partition_params.beta": 0.5}."""
-    out = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = str(value) if isinstance(value, (list, dict)) else value
-    return out
-
-
 def ran_with(attrs: dict) -> dict:
     """A run's job as the analysis groups and pairs it: what the job wrote (root attribute `config`),
     each parameter table replaced by its form resolved with the defaults (root attribute `resolved`,
@@ -81,8 +69,8 @@ def load(paths, metrics=("round/test_acc",), prefixes=()) -> Results:
         except ResultsError as err:
             problems.append(str(err))
             continue
-        rows.append({"path": str(path), "status": run.attrs.get("status", "running"), "rounds": run.rounds,
-                     **flatten(ran_with(run.attrs))})
+        ran = {k: str(v) if isinstance(v, list | dict) else v for k, v in flatten(ran_with(run.attrs)).items()}
+        rows.append({"path": str(path), "status": run.attrs.get("status", "running"), "rounds": run.rounds, **ran})
         series[str(path)] = {name: np.atleast_1d(np.asarray(value, dtype=float)) for name, value in run.arrays.items()
                              if name in metrics or (prefixes and name.startswith(prefixes))}
     return Results(pd.DataFrame(rows), series, problems)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcfl.config import NON_RESULT_KEYS, current_names
+from hpcfl.config import NON_RESULT_KEYS, current_names, flatten
 from hpcfl.errors import HpcflError, ResultsError
 from hpcfl.jobs import Resolved
 from hpcfl.metrics import read_run
@@ -73,9 +73,12 @@ def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
     except ResultsError as err:             # names what is wrong with it; resuming adds the way out
         raise ResultsError(f"{err}; to start the run again, move it and {checkpoints.name} away") from None
     existing = run.attrs
-    if _resumable(current_names(existing.get("config", {}), warn=False)) != _resumable(json.loads(config.to_json())):
+    differ = _differences(_resumable(current_names(existing.get("config", {}), warn=False)),
+                          _resumable(json.loads(config.to_json())))
+    if differ:
+        also = f" and its checkpoints ({checkpoints.name})" if checkpoints.exists() else ""
         raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
-                           f"run.name, or delete or move the old file and its checkpoints ({checkpoints.name})")
+                           f"run.name, or delete or move the old file{also} ({differ})")
     if existing.get("status") == "completed":
         raise RunCompleted(f"{path} is already complete; nothing to do (delete it to run again)")
     found = latest(checkpoints, LOG.warning)
@@ -83,6 +86,15 @@ def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
         raise ResultsError(f"{path} holds {run.rounds} rounds but its checkpoint is after round {found[0]}; the "
                            "result file is older than the checkpoint: move one of them away")
     return True, (found[0] if found else 0), (found[1] if found else None)
+
+
+def _differences(old: dict, new: dict, shown: int = 3) -> str:
+    """The keys whose values differ, as `key: old in the file, new here` (the first `shown`, then how many
+    more)."""
+    old, new = flatten(old), flatten(new)
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    text = "; ".join(f"{k}: {json.dumps(old.get(k))} in the file, {json.dumps(new.get(k))} here" for k in keys[:shown])
+    return text + (f"; and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def _resumable(config: dict) -> dict:

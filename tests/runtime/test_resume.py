@@ -198,9 +198,12 @@ def test_a_result_file_of_another_configuration_is_not_resumed(tmp_path, capsys)
     job = _job(tmp_path)
     assert _interrupt(job, tmp_path, "cut", 2, signal.SIGUSR1) == 3
     assert main([*_args(job, tmp_path, "cut"), "--set", "train.lr=0.1"]) == 2
-    assert "another configuration" in capsys.readouterr().err
-    assert main([*_args(job, tmp_path, "cut"), "--set", "data.seed=5"]) == 2       # another split
-    assert "another configuration" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "another configuration" in err and "(train.lr: 0.05 in the file, 0.1 here)" in err, err
+    assert "and its checkpoints (cut.ckpt)" in err                 # there are some: they go with the file
+    assert main([*_args(job, tmp_path, "cut"), "--set", "data.seed=5", "--set", "train.batch_size=8"]) == 2
+    err = capsys.readouterr().err                                  # another split, and another batch size
+    assert "another configuration" in err and "(data.seed: -1 in the file, 5 here; train.batch_size: 16 in " in err
     free = ["run.checkpoint_every=3", "run.device='cpu'", "run.placement='fixed'", "train.on_nonfinite='drop'"]
     assert main([*_args(job, tmp_path, "cut"), *(a for key in free for a in ("--set", key))]) == 0
     assert read_run(tmp_path / "results" / "resume" / "cut.h5").rounds == 6
