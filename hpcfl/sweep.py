@@ -24,6 +24,8 @@ complete). Arms share seeds, so `analyze compare --baseline run.arm=FedAvg` pair
 (`python -m hpcfl.sweep` is the same command.)
 """
 import argparse
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -180,11 +182,14 @@ def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> arg
     its points (run.name or run.seed would send every point to one result file)."""
     from hpcfl.launch import parser
 
+    said = io.StringIO()
     try:
-        options = parser().parse_args([job, *launch_args])
-    except SystemExit:                    # argparse has said what it cannot take
+        with contextlib.redirect_stderr(said):
+            options = parser().parse_args([job, *launch_args])
+    except SystemExit:                    # argparse's own words, without its usage block
+        why = said.getvalue().strip().splitlines()[-1].partition("error: ")[2]
         raise ConfigError(f"{shlex.join(launch_args)}: not options of a run (hpcfl run --help); sbatch's go after "
-                          "`--`") from None
+                          f"`--` (argparse: {why})") from None
     clash = sorted({o.partition("=")[0] for o in options.overrides} & swept)
     if clash:
         raise ConfigError(f"--set {clash[0]}: the sweep sets it on each point (a point's run.name, run.seed, its arm's "

@@ -166,7 +166,9 @@ def test_run_options_are_checked_before_anything_runs_or_is_submitted(job, tmp_p
                           (["--ntasks=3"], "--ntasks=3: not options of a run (hpcfl run --help); sbatch's go after")):
         for mode in (["--submit", "--script", str(job)], ["--index", "0"]):
             assert main([str(job), *mode, *args]) == 2
-            assert message in capsys.readouterr().err
+            assert message in (err := capsys.readouterr().err)
+            assert "usage:" not in err                      # one hpcfl error, not argparse's usage block first
+    assert "(argparse: unrecognized arguments: --ntasks=3)" in err
     assert not sbatch.exists()
     assert main([str(job), "--submit", "--script", str(job), "--set", "train.lr=0.05", "--", "--ntasks=3"]) == 0
     assert sbatch.read_text().split()[-3:] == [str(job), "--set", "train.lr=0.05"]
