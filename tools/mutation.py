@@ -278,7 +278,7 @@ def mutated_source(source: str, index: int) -> str:
 def _copy_tree(into: Path) -> Path:
     target = into / "tree"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache", "results", ".venv", ".git")
-    for name in ("hpcfl", "tests", "jobs"):
+    for name in ("hpcfl", "tests", "jobs", "docs"):         # docs: tests run its snippets
         shutil.copytree(ROOT / name, target / name, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", target)
     return target
