@@ -171,6 +171,13 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
     assert refused.value.code == Exit.BAD_INPUT and "need --sweep JOB" in capsys.readouterr().err
 
 
+def test_status_of_nothing_says_which_paths_do_not_exist(tmp_path, capsys):
+    assert main(["status", str(tmp_path)]) == Exit.BAD_INPUT                   # an empty folder
+    assert "no result files found; name result files" in capsys.readouterr().err
+    assert main(["status", str(tmp_path / "typo")]) == Exit.BAD_INPUT
+    assert f"no result files found ({tmp_path / 'typo'}: no such file or folder)" in capsys.readouterr().err
+
+
 def test_status_names_an_unreadable_file_and_why(tmp_path, capsys):
     (tmp_path / "corrupt.h5").write_bytes(b"not HDF5")
     assert main(["status", str(tmp_path)]) == Exit.BAD_INPUT
