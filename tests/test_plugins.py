@@ -53,6 +53,15 @@ def _job(root, name="lab") -> dict:
     return tomllib.loads(JOB.format(root=root, name=name))
 
 
+def _launch_with(tmp_path, monkeypatch, module: str, source: str, *sets: str, check: bool = True) -> int:
+    """`hpcfl run [--check]` of the plug-in job with `--set`s, module `module` (`source`) importable."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "job.toml"
+    path.write_text(JOB.format(root=tmp_path, name="lab"))
+    return launch([str(path), *(["--check"] if check else []), *(a for s in sets for a in ("--set", s))])
+
+
 def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
     path = hpcfl.run(_job(tmp_path))
     run = read_run(path)
@@ -328,11 +337,8 @@ def short_labels(root, train_images=True):
     ("short_labels", "data.dataset = 'badsets:short_labels': test_x has 8 rows but test_y 7 labels")])
 def test_a_data_set_plugin_giving_the_wrong_tensors_is_refused_before_training(loader, message, tmp_path,
                                                                              monkeypatch, capsys):
-    (tmp_path / "badsets.py").write_text(BAD_LOADERS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "job.toml"
-    path.write_text(JOB.format(root=tmp_path, name="lab"))
-    assert launch([str(path), "--set", f"data.dataset='badsets:{loader}'"]) == 2
+    assert _launch_with(tmp_path, monkeypatch, "badsets", BAD_LOADERS, f"data.dataset='badsets:{loader}'",
+                        check=False) == 2
     assert message in capsys.readouterr().err
     assert not list((tmp_path / "plug").glob("**/*.h5"))                  # nothing trained
 
@@ -413,21 +419,14 @@ class Required(FedAvg):                      # fits: a Params field without a de
                                   "frozen dataclass")])
 def test_a_plugin_hook_or_params_hpcfl_cannot_use_is_refused_at_validation(key, value, message, tmp_path,
                                                                         monkeypatch, capsys):
-    (tmp_path / "hooks.py").write_text(BAD_HOOKS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "job.toml"
-    path.write_text(JOB.format(root=tmp_path, name="lab"))
     value = value if value.startswith("{") else repr(value)
-    assert launch([str(path), "--check", "--set", f"{key}={value}"]) == 2
+    assert _launch_with(tmp_path, monkeypatch, "hooks", BAD_HOOKS, f"{key}={value}") == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_plugin_whose_own_import_fails_names_the_missing_package_not_the_plugin(tmp_path, monkeypatch, capsys):
-    (tmp_path / "needsdep.py").write_text("import hpcfl_absent_dependency\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "job.toml"
-    path.write_text(JOB.format(root=tmp_path, name="lab"))
-    assert launch([str(path), "--check", "--set", "data.partition='needsdep:split'"]) == 2
+    assert _launch_with(tmp_path, monkeypatch, "needsdep", "import hpcfl_absent_dependency\n",
+                        "data.partition='needsdep:split'") == 2
     assert ("data.partition = 'needsdep:split': module 'needsdep' imports 'hpcfl_absent_dependency', which is not "
             "installed here") in capsys.readouterr().err
 
@@ -479,19 +478,12 @@ def test_an_update_returning_what_its_phase_does_not_declare_is_named(algorithm,
 
 def test_plugin_hooks_and_params_that_fit_their_calls_are_accepted(tmp_path, monkeypatch):
     """A Params field without a default (the job sets it) and a static hook take hpcfl's calls."""
-    (tmp_path / "hooks.py").write_text(BAD_HOOKS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "job.toml"
-    path.write_text(JOB.format(root=tmp_path, name="lab"))
-    assert launch([str(path), "--check", "--set", "algorithm.name='hooks:Required'", "--set",
-                   "algorithm.params={mu=0.1}"]) == 0
+    assert _launch_with(tmp_path, monkeypatch, "hooks", BAD_HOOKS, "algorithm.name='hooks:Required'",
+                        "algorithm.params={mu=0.1}") == 0
 
 
 def test_a_plugin_failing_an_import_of_its_own_code_says_so(tmp_path, monkeypatch, capsys):
-    (tmp_path / "oldname.py").write_text("from hpcfl.algorithms import FedAvgX\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "job.toml"
-    path.write_text(JOB.format(root=tmp_path, name="lab"))
-    assert launch([str(path), "--check", "--set", "algorithm.name='oldname:Mine'"]) == 2
+    assert _launch_with(tmp_path, monkeypatch, "oldname", "from hpcfl.algorithms import FedAvgX\n",
+                        "algorithm.name='oldname:Mine'") == 2
     assert ("algorithm.name = 'oldname:Mine': importing module 'oldname' failed: ImportError: cannot import name "
             "'FedAvgX'") in capsys.readouterr().err
