@@ -84,6 +84,7 @@ def test_a_job_of_plugins_runs_from_python_and_its_file_names_them(tmp_path):
 
     ("data.dataset", '"labfl.data.blobs"', "data.dataset = 'labfl.data.blobs' is unknown; valid: ['cifar10', "),
     ("data.dataset", '"labfl.data.blobs"', "import path 'package.module:Name' (did you mean 'labfl.data:blobs'?)"),
+    ("data.dataset", '"blobs"', "import path 'package.module:Name'\n"),      # no dots: no guess
     ("data.partition", '"labfl.partition:shard"', "data.partition = 'labfl.partition:shard': module 'labfl.partition' "
                                                   "has no 'shard'"),
     ("data.partition", '"labfll.partition:shards"', "data.partition = 'labfll.partition:shards': cannot import"),
@@ -397,6 +398,8 @@ class Required(FedAvg):                      # fits: a Params field without a de
     @staticmethod
     def start_from(model, client, state):
         model.load_state_dict(state)
+    def train(self, model, client, round, trainer, received):      # without the optional extra and epochs
+        return super().train(model, client, round, trainer, received)
 """
 
 
@@ -477,7 +480,8 @@ def test_an_update_returning_what_its_phase_does_not_declare_is_named(algorithm,
 
 
 def test_plugin_hooks_and_params_that_fit_their_calls_are_accepted(tmp_path, monkeypatch):
-    """A Params field without a default (the job sets it) and a static hook take hpcfl's calls."""
+    """A Params field without a default (the job sets it), a static hook and one without the optional
+    arguments take hpcfl's calls."""
     assert _launch_with(tmp_path, monkeypatch, "hooks", BAD_HOOKS, "algorithm.name='hooks:Required'",
                         "algorithm.params={mu=0.1}") == 0
 
