@@ -140,7 +140,7 @@ def _build(job: Resolved, transport: Transport, data_root, local_rank, info) -> 
     6. the cohorts."""
     config = job.config
     # 1. the resume point
-    resume_file, rounds, checkpoint = resume_point(job) if transport.is_server else (False, 0, None)
+    resume_file, rounds, checkpoint = resume_point(job, transport.size) if transport.is_server else (False, 0, None)
     info.update(resume_file=resume_file, resume=rounds, checkpoint=str(checkpoint or ""))
     # 2. the data
     split = split_data(config, data_root,

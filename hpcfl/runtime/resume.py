@@ -50,12 +50,12 @@ class Flag:
 STOP = Flag()
 
 
-def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
+def resume_point(job: Resolved, ranks: int | None = None) -> tuple[bool, int, Path | None]:
     """Rank 0, before anything is built: (result file exists, rounds done, checkpoint folder). A
     result path that a symbolic link leads out of the results root is refused; the path is claimed
     for this run (hpcfl.runtime.lock: one writer per result file); a complete run raises
-    RunCompleted; an unfinished one with the same configuration resumes from its newest intact
-    checkpoint (or from round 0 without one)."""
+    RunCompleted; an unfinished one with the same configuration, and as many `ranks` as wrote it,
+    resumes from its newest intact checkpoint (or from round 0 without one)."""
     config, path = job.config, job.config.result_path
     root, target = Path(config.run.results_root).resolve(), path.resolve()
     if not target.is_relative_to(root):
@@ -81,6 +81,11 @@ def resume_point(job: Resolved) -> tuple[bool, int, Path | None]:
                            f"run.name, or delete or move the old file{also} ({differ})")
     if existing.get("status") == "completed":
         raise RunCompleted(f"{path} is already complete; nothing to do (delete it to run again)")
+    recorded = run.arrays.get("rank/compute_s")
+    if ranks is not None and recorded is not None and recorded.ndim == 2 and recorded.shape[1] != ranks:
+        raise ResultsError(f"{path} was written by {recorded.shape[1]} rank(s) and this run has {ranks}: its per-rank "
+                           f"figures (rank/...) keep one column per rank, so resume it on {recorded.shape[1]} "
+                           "rank(s)")
     found = latest(checkpoints, LOG.warning)
     if found and found[0] > run.rounds:     # refused here, on every rank, not as the file is reopened
         raise ResultsError(f"{path} holds {run.rounds} rounds but its checkpoint is after round {found[0]}; the "

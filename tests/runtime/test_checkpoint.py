@@ -8,6 +8,7 @@ import shutil
 import warnings
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -178,6 +179,22 @@ def _result_file(config, recorded=None, rounds=2, **attrs):
     for round in range(rounds):
         recorder.append_round(round, {"round/test_acc": 0.5})
     recorder.close()
+
+
+def test_a_run_resumes_only_on_as_many_ranks_as_wrote_its_per_rank_figures(tmp_path, unlocked):
+    """rank/... keep one column per rank: another count would fail the first resumed round's write."""
+    from hpcfl.metrics import Recorder
+    from hpcfl.runtime.resume import resume_point
+    config = _config(tmp_path)
+    recorder = Recorder.create(config.result_path, {"config": json.loads(config.to_json())})
+    for round in range(2):
+        recorder.append_round(round, {"round/test_acc": 0.5, "rank/compute_s": np.ones(3)})
+    recorder.close()
+    assert resume_point(SimpleNamespace(config=config), ranks=3) == (True, 0, None)
+    for ranks in (1, 2):
+        with pytest.raises(ResultsError, match=rf"was written by 3 rank\(s\) and this run has {ranks}: .* resume it "
+                                               r"on 3 rank\(s\)"):
+            resume_point(SimpleNamespace(config=config), ranks=ranks)
 
 
 def test_the_resume_point_is_nothing_a_checkpoint_or_a_refusal(tmp_path, unlocked):
