@@ -117,6 +117,26 @@ def test_a_model_plugin_of_the_wrong_kind_is_refused_in_set_up_naming_the_key(mo
     assert message in capsys.readouterr().err
 
 
+def test_a_model_with_features_but_no_linear_classifier_is_refused(tmp_path, monkeypatch):
+    from hpcfl.models import build_model
+
+    (tmp_path / "heads.py").write_text(textwrap.dedent("""
+        from torch import nn
+
+        class Deep(nn.Module):
+            def __init__(self, in_shape, num_classes):
+                super().__init__()
+                self.classifier = nn.Sequential(nn.Linear(64, 8), nn.Linear(8, num_classes))
+
+            def features(self, x):
+                return x.flatten(1)
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(hpcfl.ConfigError, match=r"model.name = 'heads:Deep' built Deep, which lacks a features\(x\) "
+                                                r"method or an nn.Linear `classifier`"):
+        build_model("heads:Deep", (1, 8, 8), 10)
+
+
 @pytest.mark.mpi
 def test_plugins_give_the_same_metrics_on_one_process_and_on_all_ranks(tmp_path):
     from mpi4py import MPI

@@ -216,6 +216,16 @@ def test_a_term_that_does_not_vouch_for_batching_trains_its_clients_one_by_one(c
         assert trained.train(model, client, 2, terms) == expected
 
 
+def test_a_trainer_with_another_seed_or_settings_is_a_copy_and_the_same_is_itself():
+    from hpcfl.training.recording import as_trainer
+
+    trainer = _trainer()
+    assert as_trainer(trainer, trainer.seed, trainer.cfg) is trainer
+    other_cfg = _trainer(lr=0.5).cfg
+    other = as_trainer(trainer, 11, other_cfg)
+    assert (other.seed, other.cfg) == (11, other_cfg) and (trainer.seed, trainer.cfg.lr) == (3, 0.05)
+
+
 def test_an_update_calling_train_twice_alike_is_refused_rather_than_given_the_first_model():
     """Calls are named by (client, round, epochs, seed): a second alike would replay the first's result."""
     trainer, client = _trainer(), _clients()[0]
