@@ -39,6 +39,8 @@ cifar10.json; supcon_utils.py has 6e-4); CIFAR-10 1e-4 and EMNIST 5e-4 agree. Ad
 import copy
 from dataclasses import dataclass
 
+import torch
+
 from hpcfl.algorithms.base import ONE, WEIGHT, Phase, assign, weighted, weighted_mean
 from hpcfl.algorithms.initial import InitParams
 from hpcfl.algorithms.personal import Personal
@@ -47,6 +49,7 @@ from hpcfl.seeding import torch_seed
 from hpcfl.terms import Prox, SupCon
 
 SHARED = "shared"
+WARMED = "warmup"        # the owner of a client's flag that it has warmed up (its own model may come first)
 
 
 class FedClassAvg(Personal):
@@ -107,7 +110,7 @@ class FedClassAvg(Personal):
         return {SHARED: server_state["model"]}
 
     def client_update(self, phase, round, client, downlink, model, trainer):
-        if self.params.warmup_epochs and "model" not in client.state:
+        if self.params.warmup_epochs and WARMED not in client.state:
             self.warm_up(model, client, trainer)
         start = self.start_own(model, client, downlink[SHARED])
         metrics = self.train(model, client, round, trainer, {"model": start})
@@ -124,6 +127,7 @@ class FedClassAvg(Personal):
         warm.seed = torch_seed(trainer.seed, "fedclassavg.warmup")
         self.train(model, client, 0, warm, {"model": start}, epochs=range(self.params.warmup_epochs))
         self.keep_model(client, model)
+        client.state[WARMED] = {"done": torch.ones(())}     # an owner of its own, checkpointed with the model
 
     def aggregate(self, phase, round, server_state, uplink):
         mean = weighted_mean(uplink[SHARED])

@@ -252,6 +252,24 @@ def test_warm_up_runs_once_per_client_keyed_by_the_client_and_uploads_nothing():
     assert not torch.equal(me.state["model"]["fc.0.weight"], once["fc.0.weight"])          # the warm-up acts
 
 
+def test_warm_up_runs_on_an_independently_initialised_model_too():
+    """With init = "independent" the client holds its own model from the start: the warm-up must still
+    run, once, on that model (it was skipped when the held model stood for "warmed up")."""
+    algo = make("fedclassavg", _net(0), {**AUTHORS, "warmup_epochs": 1, "init": "independent"}, num_clients=4,
+                train=TRAIN)
+    server = algo.init_server_state(_net(5))
+    classifier = {n: server["model"][n].clone() for n in ("classifier.weight", "classifier.bias")}
+    phase = algo.plan(0)[0]
+    me, normalization = _digits_client(2, 96)
+    me.state = algo.init_client_state(me, _net(0))
+    initial = {k: v.clone() for k, v in me.state["model"].items()}
+    trainer = LocalTrainer(algo.setup.job.train, 0, normalization)
+    for round in (3, 6):
+        algo.client_update(phase, round, me, algo.downlink(phase, round, server), _net(9), trainer)
+    expected = _by_hand(initial, classifier, me, normalization, rounds=(3, 6))
+    assert all(torch.equal(me.state["model"][k], expected[k]) for k in expected)
+
+
 def test_warm_up_parameters_are_checked():
     for params, message in (({"warmup_epochs": -1}, "warmup_epochs = -1 must be >= 0"),
                             ({"warmup_epochs": 1, "share": "all"}, "replaces the whole warmed-up model")):
