@@ -209,7 +209,9 @@ class Algorithm:
 
     def carried_state(self) -> Tensors:
         """What this object carries from round to round on every rank, beyond the server's and the
-        clients' states (FedMA's global widths); checkpoints keep it."""
+        clients' states (FedMA's global widths); checkpoints keep the server's (rank 0's) and give it
+        back to every rank, so it must be the same on every rank, or set on the server (in `downlink`,
+        as FedFM-Lite keeps its latest model), never only on the workers."""
         return {}
 
     def load_carried_state(self, state: Tensors) -> None:
