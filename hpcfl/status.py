@@ -76,9 +76,8 @@ def main(argv=None, prog: str = "hpcfl status") -> int:
     rows += [(path, "missing", "", "") for path in expected if path.resolve() not in have]
     if not rows:
         absent = [r for r in args.results if not Path(r).exists()]
-        sys.stderr.write("hpcfl: error: no result files found" + (f" ({', '.join(absent)}: no such file or folder)"
-                                                                  if absent else "")
-                         + "; name result files or folders (or --sweep JOB)\n")
+        where = f" ({', '.join(absent)}: no such file or folder)" if absent else ""
+        sys.stderr.write(f"hpcfl: error: no result files found{where}; name result files or folders (or --sweep JOB)\n")
         return Exit.BAD_INPUT
     for path, what, rounds, why in rows:
         print(f"{what:<12}{rounds:>9}  {path}" + (f"  ({why})" if why else ""))
