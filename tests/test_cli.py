@@ -128,6 +128,22 @@ def test_init_writes_the_slurm_scripts_and_jobs_and_keeps_edited_files(tmp_path,
     assert "cannot write " in err and "(Not a directory): choose another folder" in err
 
 
+def test_in_a_clone_the_templates_are_the_files_git_tracks(tmp_path):
+    from hpcfl.init import templates
+
+    root = tmp_path / "templates"
+    (root / "jobs").mkdir(parents=True)
+    shipped, mine = root / "jobs" / "quickstart.toml", root / "jobs" / "mine.toml"
+    shipped.write_text("")
+    mine.write_text("")
+    assert templates(root) == [mine, shipped]                      # an installed package: every file
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert templates(root) == [mine, shipped]                      # in a git work tree that tracks none of them
+    subprocess.run(["git", "-C", str(tmp_path), "add", "templates/jobs/quickstart.toml"], check=True)
+    assert templates(root) == [shipped]                            # a clone: a researcher's own file stays theirs
+    assert templates(root / "jobs") == [shipped]                   # paths from the folder asked about
+
+
 def _result(tmp_path, tiny_job, name: str) -> Path:
     job = tiny_job(rounds=2)
     return hpcfl.run(job, [f"run.name={name!r}", f"run.results_root={str(tmp_path / 'results')!r}"], quiet=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import hpcfl
-from hpcfl.init import TEMPLATES
+from hpcfl.init import TEMPLATES, templates
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
 
 def test_the_wheel_ships_the_slurm_scripts_and_every_example_job(wheel):
     names = set(wheel.namelist())
-    shipped = {f"hpcfl/templates/{p.relative_to(TEMPLATES)}" for p in TEMPLATES.rglob("*") if p.is_file()}
+    shipped = {f"hpcfl/templates/{p.relative_to(TEMPLATES)}" for p in templates()}
     assert {"hpcfl/templates/slurm/sweep.sbatch", "hpcfl/templates/jobs/quickstart.toml"} <= shipped <= names
     mode = wheel.getinfo("hpcfl/templates/slurm/step.sh").external_attr >> 16
     assert mode & 0o111                                       # sbatch scripts exec it
