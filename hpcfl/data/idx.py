@@ -80,8 +80,22 @@ def load_idx_set(spec: _IdxSet, root: Path, train_images: bool = True) -> Datase
     else:
         raise not_found(spec.title, folders, ", ".join(f + "(.gz)" for f in spec.files), spec.fix(root))
     arrays = cached(spec.name, paths, partial(_decode, spec, paths), train_images)
+    if folder == root:
+        _check_not_a_twin(spec, root, arrays["test_x"])
     return image_dataset(spec.name, (arrays["train_x"], arrays["train_y"]), (arrays["test_x"], arrays["test_y"]),
                           spec.num_classes, spec.mean, spec.std)
+
+
+def _check_not_a_twin(spec: _IdxSet, root: Path, test_x: np.ndarray) -> None:
+    """MNIST and Fashion-MNIST name their files alike, so a root holding one set's files flat would
+    answer for both: the test images' mean pixel (0.13 against 0.29) says which set they are."""
+    mean = float(test_x.mean()) / 255
+    nearest = min((s for s in IDX_SETS if s.files == spec.files), key=lambda s: abs(mean - s.mean[0]))
+    if nearest is not spec:
+        raise DataError(f"{root} holds {nearest.title}'s files, not {spec.title}'s (their test images' mean pixel is "
+                        f"{mean:.3f}; {nearest.title}'s is {nearest.mean[0]:.3f}, {spec.title}'s "
+                        f"{spec.mean[0]:.3f}): put each set in its own folder ({root / spec.folders[0]}), or "
+                        "point --data-root at the folder that holds this set")
 
 
 def _decode(spec: "_IdxSet", paths: list[Path], train_images: bool) -> dict:
@@ -119,3 +133,4 @@ EMNIST_LETTERS = _IdxSet(
     "emnist_letters", "EMNIST letters", ("emnist", "emnist/gzip", "EMNIST/raw", ""), _EMNIST_LETTERS_FILES,
     26, 1, True, _EMNIST_LETTERS_MEAN, _EMNIST_LETTERS_STD,
     lambda root: torchvision_fix("EMNIST", root, ", split='letters'"))
+IDX_SETS = (FASHION_MNIST, MNIST, EMNIST_LETTERS)

@@ -99,3 +99,19 @@ def test_a_set_loads_its_training_images_unless_told_not_to_and_mnist_style_imag
         assert len(load_idx_set(spec, tmp_path, train_images=False).train_x) == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         MNIST.num_classes = 26
+
+
+def test_a_flat_root_answers_only_for_the_set_its_files_hold(tmp_path):
+    folder = _write_set(tmp_path, test=(np.full((2, 28, 28), 33, np.uint8), np.arange(2, dtype=np.uint8)))
+    for path in folder.iterdir():                              # MNIST's files in the root itself, mean pixel 0.129
+        path.rename(tmp_path / path.name)
+    assert len(load_idx_set(MNIST, tmp_path).test_x) == 2
+    with pytest.raises(DataError, match=rf"^{tmp_path} holds MNIST's files, not Fashion-MNIST's \(their test images' "
+                                        r"mean pixel is 0\.129; MNIST's is 0\.131, Fashion-MNIST's 0\.286\): put each "
+                                        rf"set in its own folder \({tmp_path / 'fashion-mnist'}\)"):
+        load_idx_set(FASHION_MNIST, tmp_path)
+    for path in tmp_path.glob("t10k-images*"):                 # Fashion-MNIST's brightness: the other way round
+        path.write_bytes(idx_bytes(np.full((2, 28, 28), 74, np.uint8)))
+    assert len(load_idx_set(FASHION_MNIST, tmp_path).test_x) == 2
+    with pytest.raises(DataError, match="holds Fashion-MNIST's files, not MNIST's"):
+        load_idx_set(MNIST, tmp_path)
