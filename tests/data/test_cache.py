@@ -17,6 +17,7 @@ import hpcfl.data.cache
 import hpcfl.data.idx
 from hpcfl.data.cache import cache_folder, entry_path, node_local
 from hpcfl.data.datasets import load_dataset
+from hpcfl.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,6 +68,28 @@ def test_a_changed_source_is_decoded_again_and_replaces_its_entry(cache, tmp_pat
     assert not torch.equal(after.train_x, before.train_x)
     entries = list(cache.glob("mnist-*.npz"))
     assert len(entries) == 1 and entries[0] != entry               # the stale entry is gone
+
+
+def test_a_copy_keeping_the_size_and_mtime_is_decoded_again_and_a_linked_root_shares_the_entry(cache, tmp_path):
+    before = load_dataset("mnist", tmp_path / "data")
+    stamps = {p: p.stat() for p in (tmp_path / "data" / "mnist").iterdir()}
+    _write_mnist(tmp_path / "data", seed=1)                        # as `cp -p` would: same sizes, same mtimes
+    for path, stat in stamps.items():
+        assert path.stat().st_size == stat.st_size
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = load_dataset("mnist", tmp_path / "data")
+    assert not torch.equal(after.train_x, before.train_x)
+    (tmp_path / "linked").symlink_to(tmp_path / "data")
+    entries = list(cache.glob("mnist-*.npz"))
+    assert _same(load_dataset("mnist", tmp_path / "linked"), after) and list(cache.glob("mnist-*.npz")) == entries
+
+
+def test_a_source_file_that_is_gone_is_named_with_the_fix(cache, tmp_path):
+    gone = tmp_path / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"
+    gone.unlink()
+    gone.symlink_to(tmp_path / "nowhere")                          # a dangling link: listed, not readable
+    with pytest.raises(DataError, match=f"^cannot read {gone} \\(No such file or directory\\); restore it"):
+        entry_path(cache, "mnist", sorted(gone.parent.iterdir()))
 
 
 def test_an_entry_an_earlier_decoder_wrote_is_decoded_again_and_replaced(cache, tmp_path, monkeypatch):
