@@ -21,6 +21,8 @@ worker, point to point across ranks). `second`: clients finish the E epochs and 
   data (drawn per seed, round and client; classes absent there count 0). A client never evaluated
   yet has the all-ones vector (ours: "no information"), and ties in the matching go to the earlier
   client of the sorted order.
+- A half-trained model that is not finite (NaN/Inf) neither gives nor takes at the swap (ours): its
+  partner keeps its own classifier, and the faulty client's second half flags it.
 - The optimizer is rebuilt at the swap (ours): exact for the paper's plain SGD; with momentum or Adam
   their state starts again at the swap, halfway through the local epochs.
 - Ablations (section V-B): `exchange = "none"` with mu > 0 is FedCME-OL, mu = 0 is FedCME-OE;
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 
 from hpcfl.algorithms.anchors import anchor_layouts, initial_anchors, uniform_contribution, update_anchors
-from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, assign, weighted
+from hpcfl.algorithms.base import ONE, WEIGHT, Phase, Traits, assign, finite, weighted
 from hpcfl.algorithms.fedavg import FedAvg
 from hpcfl.algorithms.phases import SwapPhase, Swapping
 from hpcfl.errors import ConfigError
@@ -187,7 +189,11 @@ class FedCME(Swapping, FedAvg):
         return {n: client.state["half"][n] for n in phase.exchange.names}
 
     def exchange_in(self, phase, client, received):
-        assign(client.state["half"], received)
+        """Take the partner's half unless either half is not finite (ours): a NaN classifier would poison
+        the partner, who keeps its own; the faulty client trains on from its own, and the second half
+        flags it (whatever `exchange` swaps)."""
+        if finite(received.values()) and finite(client.state["half"].values()):
+            assign(client.state["half"], received)
 
     def client_update(self, phase, round, client, downlink, model, trainer):
         E = self.setup.job.train.local_epochs

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from hpcfl.algorithms.base import Algorithm
+from hpcfl.algorithms.base import Algorithm, finite
 from hpcfl.algorithms.bbp_map import Prior, match_neurons
 from hpcfl.algorithms.initial import InitParams, independent_init
 from hpcfl.algorithms.neurons import (
@@ -204,7 +204,7 @@ class FedMA(Matching, Algorithm):
             client.state.setdefault("assignment", {})[self.layers[i].name] = assignment
             resize_(model, self._install(client.state["model"], i, downlink[MATCHED]["global"], assignment))
             metrics = self._retrain(model, client, round, trainer, i) if self.params.retrain else {}
-        if not all(v.isfinite().all() for v in model.state_dict().values() if v.is_floating_point()):
+        if not finite(model.state_dict().values()):
             raise TrainingFault(f"round {round + 1}, phase '{phase.name}': client {client.id}'s model is not finite "
                                 "(NaN/Inf) after training, and fedma cannot match its neurons, so the run stops "
                                 "(its earlier rounds are recorded). Fix: lower train.lr")

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from hpcfl.algorithms.base import Algorithm
+from hpcfl.algorithms.base import Algorithm, finite
 from hpcfl.algorithms.phases import MATCHED, MatchPhase, Phase, SwapPhase
 from hpcfl.data.client import Client
 from hpcfl.errors import HpcflError
@@ -185,15 +185,10 @@ def _zeros(n: int, device) -> torch.Tensor:
 
 
 def _finite(contributions: dict, metrics: dict) -> bool:
-    """Whether a client's loss and every tensor it contributes are finite (one host sync per client).
-    A float64 sum is NaN/Inf exactly when some element is (float32 values cannot overflow it), and
-    reads each tensor once: 5x faster than isfinite(t).all() on ResNet-18 (6 vs 29 ms)."""
-    if not math.isfinite(metrics.get("train_loss", 0.0)):
-        return False
-    sums = [t.sum(dtype=torch.float64) for tensors, weight in contributions.values()
-            for t in (*tensors.values(), torch.as_tensor(weight, dtype=torch.float64))]
-    device = next((s.device for s in sums if s.device.type != "cpu"), torch.device("cpu"))   # where the model is
-    return bool(torch.stack([s.to(device) for s in sums]).isfinite().all()) if sums else True
+    """Whether a client's loss and every tensor (and weight) it contributes are finite."""
+    return math.isfinite(metrics.get("train_loss", 0.0)) and finite(
+        t for tensors, weight in contributions.values()
+        for t in (*tensors.values(), torch.as_tensor(weight, dtype=torch.float64)))
 
 
 def _moved(kept: dict[str, dict], move) -> dict[str, dict]:

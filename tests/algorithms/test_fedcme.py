@@ -123,6 +123,25 @@ def test_the_swap_gives_each_partner_exactly_the_others_classifier():
         assert torch.equal(clients[c].state["half"]["body.weight"], torch.full((2, 1), float(c)))   # kept
 
 
+@pytest.mark.parametrize("exchange", ["classifier", "model"])
+def test_a_half_that_is_not_finite_neither_gives_nor_takes_at_the_swap(exchange):
+    algo = make("fedcme", Two(), {"exchange": exchange}, num_clients=4,
+                train={"clients_per_round": 4, "local_epochs": 2})
+    clients = {c: client(c) for c in range(4)}
+    for c, me in clients.items():
+        me.state = {"half": {n: torch.full_like(t, float(c)) for n, t in Two().state_dict().items()}}
+    for name in ("body.bias", "classifier.bias"):                    # client 0 diverged in its first half
+        clients[0].state["half"][name][0] = float("nan")
+    sources = {0: 3, 3: 0, 1: 2, 2: 1}
+    worker = Worker(algo, clients, {"": Two()}, None, "cpu", 2, 10)
+    worker.exchange(algo.plan(0)[1], 0, [0, 1, 2, 3], LocalTransport({c: 0 for c in range(4)}), sources)
+    half = {c: clients[c].state["half"] for c in range(4)}
+    assert torch.equal(half[3]["classifier.weight"], torch.full((2, 2), 3.0))      # its partner keeps its own
+    assert half[0]["body.bias"].isnan().any() and torch.equal(half[0]["classifier.weight"], torch.full((2, 2), 0.0))
+    assert torch.equal(half[1]["classifier.weight"], torch.full((2, 2), 2.0))      # the others swap as ever
+    assert torch.equal(half[2]["classifier.weight"], torch.full((2, 2), 1.0))
+
+
 # -- the evaluation vector (eq. 4) -----------------------------------------------------------------
 class Lookup(nn.Module):
     """features = BatchNorm(x) without weights, logits = features + a bias favouring class 1. In eval
