@@ -272,7 +272,7 @@ def test_feature_matching_defaults_are_fedfms():
 # features z (unnormalised) [3, 4] -> [0.6, 0.8] and [0, -2] -> [0, -1]; anchors [2, 0], [0, 5], [1, 1] ->
 # e1, e2, [1, 1] / sqrt 2; labels [1, 0]
 MATCH_Z, MATCH_Y = torch.tensor([[3.0, 4.0], [0.0, -2.0]]), torch.tensor([1, 0])
-MATCH_ANCHORS = {"anchors": {"anchors": torch.tensor([[2.0, 0.0], [0.0, 5.0], [1.0, 1.0]])}}
+MATCH_ANCHORS = {"anchors": {"anchors": torch.tensor([[2.0, 0.0], [0.0, 5.0], [1.0, 1.0]]), "known": torch.ones(3)}}
 
 
 def test_contrastive_guiding_is_cross_entropy_over_anchor_similarities_from_the_start_round():
@@ -305,6 +305,18 @@ def test_l2_matching_is_the_mean_squared_distance_to_the_class_anchor():
     term.start(None, _client(), 0, MATCH_ANCHORS)
     # [0.6, 0.8] - e2 = [0.6, -0.2]: 0.4; [0, -1] - e1: 2; the mean over 2 samples x 2 dimensions
     assert term.loss(None, None, MATCH_Y, MATCH_Z, None).item() == pytest.approx(3.0 * 2.4 / 4)
+
+
+def test_a_class_without_an_anchor_yet_is_no_competitor_and_its_samples_add_nothing():
+    anchors = {"anchors": {**MATCH_ANCHORS["anchors"], "known": torch.tensor([1.0, 0.0, 1.0])}}   # class 1: none
+    cg, l2 = ContrastiveGuiding(ContrastiveGuiding.Params(weight=2.0, tau=0.5, start_round=0)), \
+        L2Matching(L2Matching.Params(weight=3.0, start_round=0))
+    for term in (cg, l2):
+        term.start(None, _client(), 0, anchors)
+    r = 1 / math.sqrt(2)                                 # sample 1 (class 0): cosines 0 and -r to anchors 0, 2
+    ce = math.log(math.exp(0.0) + math.exp(-r / 0.5))
+    assert cg.loss(None, None, MATCH_Y, MATCH_Z, None).item() == pytest.approx(2.0 * ce / 2, rel=1e-6)
+    assert l2.loss(None, None, MATCH_Y, MATCH_Z, None).item() == pytest.approx(3.0 * (2 / 2) / 2)   # sample 1 alone
 
 
 def test_supcon_gets_two_augmented_views_from_the_trainer():

@@ -33,8 +33,9 @@ class WithAnchors:
         self.inner, self.term = inner, matching_term(inner)
         setup = inner.setup
         self.down, self.up = anchor_layouts(setup.num_classes, setup.feature_dim)
-        self.opening = Phase(ANCHORS, downlink={"model": setup.model_layout, ANCHORS: self.down},
-                             uplink={ANCHORS: self.up})
+        uniform = self.term.params.anchor_weighting == "uniform"     # only these local anchors need the global ones
+        down = {"model": setup.model_layout, **({ANCHORS: self.down} if uniform else {})}
+        self.opening = Phase(ANCHORS, downlink=down, uplink={ANCHORS: self.up})
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -54,8 +55,9 @@ class WithAnchors:
 
     def downlink(self, phase, round, server_state):
         if phase.name == ANCHORS:
-            return {"model": self.inner.global_state(server_state), ANCHORS: server_state[ANCHORS]}
-        payloads = self.inner.downlink(phase, round, server_state) if phase.downlink.keys() - {ANCHORS} else {}
+            payloads = {"model": self.inner.global_state(server_state)}
+        else:
+            payloads = self.inner.downlink(phase, round, server_state) if phase.downlink.keys() - {ANCHORS} else {}
         if ANCHORS in phase.downlink:
             payloads[ANCHORS] = server_state[ANCHORS]
         return payloads
@@ -74,6 +76,7 @@ class WithAnchors:
         if phase.name != ANCHORS:          # `downlink` holds the anchor phase's model too (the round's broadcasts)
             return self.inner.client_update(phase, round, client, downlink, model, trainer)
         self.inner.start_from(model, client, downlink["model"])
-        sums = local_anchors(model, client.inputs(), client.y, self.inner.setup.job.eval.batch_size,
-                             self.term.params.anchor_weighting, downlink[ANCHORS])
+        setup = self.inner.setup
+        sums = local_anchors(model, client.inputs(), client.y, setup.job.eval.batch_size, setup.num_classes,
+                             self.term.params.anchor_weighting, downlink.get(ANCHORS))
         return {ANCHORS: (sums, 1.0)}, {}

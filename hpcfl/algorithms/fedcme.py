@@ -146,13 +146,15 @@ class FedCME(Swapping, FedAvg):
         down, up = anchor_layouts(c, setup.feature_dim)
         evaluation = Layout(("vectors", "evaluated"), ((k, c), (k,)))
         uplink = {"model": weighted(setup.model_layout), FEATURES: up, EVALUATION: evaluation}
+        sent = {EVALUATION: c}                 # a client sends its own row, and is told only its partner
         if params.exchange == "none":
-            self.rounds = [Phase("train", downlink={"model": setup.model_layout, FEATURES: down}, uplink=uplink)]
+            self.rounds = [Phase("train", downlink={"model": setup.model_layout, FEATURES: down}, uplink=uplink,
+                                 per_client=sent)]
         else:
             self.rounds = [Phase("first", downlink={"model": setup.model_layout, FEATURES: down,
-                                                    PARTNERS: Layout(("source",), ((k,),))}),
+                                                    PARTNERS: Layout(("source",), ((k,),))}, per_client={PARTNERS: 1}),
                            SwapPhase("swap", exchange=setup.model_layout.select(SWAPPED[params.exchange])),
-                           Phase("second", uplink=uplink)]
+                           Phase("second", uplink=uplink, per_client=sent)]
 
     def plan(self, round):
         return self.rounds

@@ -63,9 +63,10 @@ class FedFMLite(FedAvg):
 
     def plan(self, round):
         every, last = self.params.model_every, self.setup.job.run.rounds - 1
-        anchors = round >= self.params.start_round - 1
+        anchors = round >= self.params.start_round - 1          # sent up from the round before the term starts
+        needed = round >= self.params.start_round or (anchors and self.params.anchor_weighting == "uniform")
         down = {**({"model": self.setup.model_layout} if round % every == 0 else {}),
-                **({ANCHORS: self.anchor_down} if anchors else {})}
+                **({ANCHORS: self.anchor_down} if needed else {})}
         up = {**({"model": weighted(self.setup.model_layout)} if (round + 1) % every == 0 or round == last else {}),
               **({ANCHORS: self.anchor_up} if anchors else {})}
         return [Phase("train", downlink=down, uplink=up)]
@@ -98,7 +99,8 @@ class FedFMLite(FedAvg):
         contributions = {}
         if ANCHORS in phase.uplink:
             contributions[ANCHORS] = (local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size,
-                                                    self.params.anchor_weighting, downlink[ANCHORS]), 1.0)
+                                                    self.setup.num_classes, self.params.anchor_weighting,
+                                                    downlink.get(ANCHORS)), 1.0)
         client.state.pop("model", None)
         client.state.pop("base", None)
         if "model" in phase.uplink:

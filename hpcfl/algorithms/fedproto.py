@@ -75,8 +75,8 @@ class FedProto(Personal):
         start = self.start_own(model, client)
         metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
         self.keep_model(client, model)
-        sums = local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size, "samples",
-                             downlink[ANCHORS])
+        sums = local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size, self.setup.num_classes,
+                             "samples")
         return {ANCHORS: (sums, 1.0)}, metrics
 
     def aggregate(self, phase, round, server_state, uplink):

@@ -29,6 +29,9 @@ class Phase:
     name: str
     downlink: Mapping[str, Layout] = field(default_factory=dict)   # broadcast payloads
     uplink: Mapping[str, Layout] = field(default_factory=dict)     # sum-reduced payloads
+    # the elements one client sends or receives of a payload whose layout holds a slot for every client
+    # (FedCME's evaluation rows, its pairing): what the FL byte counts take; any other payload, its layout
+    per_client: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -117,14 +117,14 @@ def _train(job: Job, phase: Phase, this: Round, matched: dict | None = None, rep
     packed = job.server.downlink(phase, this.number) if job.server else {}
     for name, layout in phase.downlink.items():
         this.received[name] = layout.unpack(torch.from_numpy(transport.broadcast(name, packed.get(name))).to(device))
-        this.traffic.count("down", name, layout.numel * len(this.cohort))
+        this.traffic.count("down", name, phase.per_client.get(name, layout.numel) * len(this.cohort))
     this.received.update(matched or {})
     sums = (job.worker.run_phase(phase, this.number, this.hosted, this.received, this.rows, CLIENT_METRICS,
                                  this.blocks, replies)
             if job.worker else {name: np.zeros(layout.numel) for name, layout in phase.uplink.items()})
     reduced = {name: transport.reduce_sum(name, sums[name]) for name in phase.uplink}
     for name, layout in phase.uplink.items():
-        this.traffic.count("up", name, layout.numel * len(this.cohort))
+        this.traffic.count("up", name, phase.per_client.get(name, layout.numel) * len(this.cohort))
     if job.server and phase.uplink:
         job.server.aggregate(phase, this.number, reduced)
 

@@ -7,6 +7,10 @@
            with z and a_c normalised (section V-A), averaged over batch and dimensions as in the
            authors' `matching_l2`; both terms default to the paper's lambda = 50.
            Both need global anchors: the algorithm adds FedFM's anchor phase (hpcfl.algorithms.anchors) to its rounds.
+
+A class no client has sent features of yet has no anchor (the paper samples every client, so every
+class has one; under partial participation early rounds may lack some). Ours: it is no competitor in
+`fm_cg`'s softmax, and a sample of it adds 0 to either loss (the batch mean still divides by all).
 """
 from dataclasses import dataclass
 
@@ -35,7 +39,7 @@ class FeatureMatching(Term):
     def start(self, model, client, round, received):
         self.active = round >= self.params.start_round
         if self.active:
-            self.anchors = received["anchors"]["anchors"]
+            self.anchors, self.known = received["anchors"]["anchors"], received["anchors"]["known"] > 0
 
     def loss(self, model, x, y, features, logits):
         return self.params.weight * self.match(features, y) if self.active else None
@@ -47,7 +51,8 @@ class ContrastiveGuiding(FeatureMatching):
 
     def match(self, features, y):
         similarity = F.normalize(features, dim=1) @ F.normalize(self.anchors, dim=1).T
-        return F.cross_entropy(similarity / self.params.tau, y)
+        logits = (similarity / self.params.tau).masked_fill(~self.known, -1e4)     # a mask: vmap-safe
+        return (F.cross_entropy(logits, y, reduction="none") * self.known[y]).mean()
 
 
 class L2Matching(FeatureMatching):
@@ -56,4 +61,5 @@ class L2Matching(FeatureMatching):
     name = "fm_l2"
 
     def match(self, features, y):
-        return F.mse_loss(F.normalize(features, dim=1), F.normalize(self.anchors, dim=1)[y])
+        distance = ((F.normalize(features, dim=1) - F.normalize(self.anchors, dim=1)[y]) ** 2).mean(1)
+        return (distance * self.known[y]).mean()

@@ -25,24 +25,24 @@ Y = torch.tensor([0, 0, 2])                         # class 1 missing
 
 
 def test_local_anchors_weighted_are_sums_and_counts():
-    out = local_anchors(Identity(), X, Y, 2, "samples", initial_anchors(3, 2))
+    out = local_anchors(Identity(), X, Y, 2, 3, "samples")
     assert torch.equal(out["sums"], torch.tensor([[4.0, 2.0], [0.0, 0.0], [0.0, 4.0]], dtype=torch.float64))
     assert torch.equal(out["counts"], torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64))
 
 
 def test_local_anchors_uniform_are_means_with_the_global_anchor_for_a_missing_class():
     current = {"anchors": torch.tensor([[9.0, 9.0], [5.0, 6.0], [7.0, 7.0]]), "known": torch.tensor([1.0, 1.0, 0.0])}
-    out = local_anchors(Identity(), X, Y, 2, "uniform", current)
+    out = local_anchors(Identity(), X, Y, 2, 3, "uniform", current)
     assert torch.equal(out["sums"], torch.tensor([[2.0, 1.0], [5.0, 6.0], [0.0, 4.0]], dtype=torch.float64))
     assert torch.equal(out["counts"], torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64))
-    unknown = local_anchors(Identity(), X, Y, 2, "uniform", initial_anchors(3, 2))
+    unknown = local_anchors(Identity(), X, Y, 2, 3, "uniform", initial_anchors(3, 2))
     assert unknown["counts"][1] == 0 and torch.equal(unknown["sums"][1], torch.zeros(2, dtype=torch.float64))
 
 
 def test_global_anchors_are_count_weighted_and_a_class_nobody_holds_keeps_its_anchor():
     current = {"anchors": torch.tensor([[0.0, 0.0], [5.0, 5.0], [0.0, 0.0]]), "known": torch.tensor([0.0, 1.0, 0.0])}
-    a = local_anchors(Identity(), X, Y, 2, "samples", current)
-    b = local_anchors(Identity(), torch.tensor([[2.0, 2.0]]), torch.tensor([0]), 2, "samples", current)
+    a = local_anchors(Identity(), X, Y, 2, 3, "samples")
+    b = local_anchors(Identity(), torch.tensor([[2.0, 2.0]]), torch.tensor([0]), 2, 3, "samples")
     update_anchors(current, {k: a[k] + b[k] for k in a})
     # class 0: (1 + 3 + 2, 0 + 2 + 2) / 3 samples; class 1: nobody -> kept; class 2: (0, 4) / 1
     assert torch.allclose(current["anchors"], torch.tensor([[2.0, 4 / 3], [5.0, 5.0], [0.0, 4.0]]))
@@ -91,7 +91,7 @@ def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives
 
     model, x, y = Net(), torch.randn(8, 3) * 3 + 1, torch.tensor([0, 1, 0, 1, 1, 1, 0, 0])
     model.train()
-    got = local_anchors(model, x, y, 3, "samples", initial_anchors(2, 4))
+    got = local_anchors(model, x, y, 3, 2, "samples")
     with torch.no_grad():
         model.eval()
         features = model.features(x).double()
@@ -102,9 +102,10 @@ def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives
 
 
 def test_the_anchor_phase_wraps_fedfm_round_by_round_against_hand_computed_anchors():
-    """From start_round on a round opens with the anchor phase: the global model and anchors go down, each
-    client sends its class feature sums under that model (weight 1), the server turns them into anchors;
-    the algorithm's own phase then carries the anchors instead of the model and is the algorithm's own."""
+    """From start_round on a round opens with the anchor phase: the global model goes down (and the
+    anchors, which only `uniform` weighting needs before it sends), each client sends its class feature
+    sums under that model (weight 1), the server turns them into anchors; the algorithm's own phase then
+    carries the anchors instead of the model and is the algorithm's own."""
     def net(w):
         net = Scalar(w)
         net.classifier = nn.Linear(1, 2)          # features 1 wide (Setup reads the classifier's in_features)
@@ -114,15 +115,17 @@ def test_the_anchor_phase_wraps_fedfm_round_by_round_against_hand_computed_ancho
     algo = wrap(inner)
     assert isinstance(algo, WithAnchors) and algo.plan(0) == inner.plan(0)         # before T_s: FedAvg alone
     opening, train = algo.plan(1)
-    assert opening.name == ANCHORS and set(opening.downlink) == {"model", ANCHORS} and set(opening.uplink) == {ANCHORS}
+    assert opening.name == ANCHORS and set(opening.downlink) == {"model"} and set(opening.uplink) == {ANCHORS}
+    assert set(wrap(make("fedfm", net(1.0), {"start_round": 1, "anchor_weighting": "uniform"})).plan(1)[0].downlink) \
+        == {"model", ANCHORS}
     assert set(train.downlink) == {ANCHORS} and train.uplink == inner.plan(1)[0].uplink
     state = algo.init_server_state(net(1.0))
     assert state[ANCHORS]["known"].tolist() == [0.0, 0.0] and float(state["model"]["w"]) == 1.0
     down = algo.downlink(opening, 1, state)
-    assert float(down["model"]["w"]) == 1.0 and down[ANCHORS] is state[ANCHORS]
+    assert float(down["model"]["w"]) == 1.0 and down.keys() == {"model"}
     model, record = net(1.0), Record(0, torch.tensor([[2.0], [3.0], [5.0]]), torch.tensor([0, 1, 1]), [1, 2])
     start = {**down["model"], "w": torch.tensor(0.5)}
-    up, metrics = algo.client_update(opening, 1, record, {"model": start, ANCHORS: down[ANCHORS]}, model, None)
+    up, metrics = algo.client_update(opening, 1, record, {"model": start}, model, None)
     tensors, weight = up[ANCHORS]
     assert float(model.w.detach()) == 0.5 and weight == 1.0 and metrics == {}         # features 0.5 x
     assert tensors["sums"].flatten().tolist() == [1.0, 4.0] and tensors["counts"].tolist() == [1.0, 2.0]

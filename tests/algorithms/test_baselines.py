@@ -231,10 +231,18 @@ def test_fedfm_opens_each_round_from_its_start_with_the_anchor_phase():
     algo = wrap(make("fedfm", Scalar(), {"start_round": 2}))
     assert [p.name for p in algo.plan(1)] == ["train"]
     anchor, train = algo.plan(2)
-    assert anchor.name == "anchors" and set(anchor.downlink) == {"model", "anchors"}
+    assert anchor.name == "anchors" and set(anchor.downlink) == {"model"}     # eq. 9's anchors need none yet
     assert set(anchor.uplink) == {"anchors"}
     assert set(train.downlink) == {"anchors"}               # the model went out once, with the anchor phase
     assert set(train.uplink) == {"model"}
+
+
+@pytest.mark.parametrize("weighting, first_down", [("samples", {"model"}), ("uniform", {"model", "anchors"})])
+def test_fedfm_lite_sends_anchors_down_where_they_are_used(weighting, first_down):
+    algo = make("fedfm_lite", Scalar(), {"start_round": 2, "anchor_weighting": weighting}, run={"rounds": 4})
+    assert [(set(algo.plan(r)[0].downlink), set(algo.plan(r)[0].uplink)) for r in range(4)] == [
+        ({"model"}, {"model"}), (first_down, {"model", "anchors"}),              # round 1 sends the first anchors
+        ({"model", "anchors"}, {"model", "anchors"}), ({"model", "anchors"}, {"model", "anchors"})]
 
 
 def test_fedfm_lite_sends_the_model_every_round_by_default_with_any_participation():

@@ -24,6 +24,8 @@ from hpcfl.algorithms.fedcme import (
 from hpcfl.algorithms.phases import SwapPhase
 from hpcfl.errors import ConfigError
 from hpcfl.jobs import job_from_dict
+from hpcfl.launch import main
+from hpcfl.metrics.reader import read_run
 from hpcfl.runtime.worker import Worker
 from hpcfl.seeding import cohort_schedule
 from hpcfl.training import LocalTrainer
@@ -498,3 +500,14 @@ def test_bad_configuration_names_the_key(params, terms, run, message):
 
 def test_moon_is_taken_where_a_client_trains_once_a_round():
     assert "moon" in _job({"exchange": "none"}, ["moon"]).algorithm.terms
+
+
+def test_the_byte_counts_take_what_a_client_sends_not_every_clients_slot(tiny_job, tmp_path):
+    """The evaluation uplink and the pairing travel as dense (clients x classes) and (clients,) buffers,
+    but a client sends only its own row and needs only its partner's id: that is what the FL bytes count."""
+    assert main([str(tiny_job("fedcme", rounds=1)), "--results-root", str(tmp_path), "--set", "run.name='run'"]) == 0
+    arrays = read_run(tmp_path / "test" / "run.h5").arrays
+    cohort, classes, features = 4, 10, 128                                       # digits on fmnist_cnn
+    assert arrays["round/bytes_up/evaluation"][0] == 4 * classes * cohort
+    assert arrays["round/bytes_down/partners"][0] == 4 * 1 * cohort
+    assert arrays["round/bytes_up/features"][0] == 4 * (classes * features + classes) * cohort   # sums and counts
