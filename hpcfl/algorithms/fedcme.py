@@ -8,14 +8,17 @@ of least similarity; an odd client out trains without exchange) and sends the mo
 features and the pairing; clients train floor(E/2) epochs. `swap`: partners exchange classifiers,
 w(theta_k, phi_j) and w(theta_j, phi_k), through the transport's exchange (in memory on one
 worker, point to point across ranks). `second`: clients finish the E epochs and send their model
-(FedAvg by |D_k|, eq. 3), their local features and their evaluation vector.
+(FedAvg by |D_k|, eq. 3; ours: normalised over the cohort, where eq. 3 divides by all K clients' data,
+which sums to less than one when a cohort is sampled), their local features and their evaluation vector.
 
 - Feature alignment (eq. 9-10): per batch, mu * sum over the batch's classes of ||class-mean feature
   - global feature||^2; classes without a global feature yet are not aligned (ours: at round 0 no
   class has one). Local features (eq. 5) are accumulated over all E epochs of training (Algorithm 2
   lines 11-12, 18); the global features average them over the cohort, a client's missing classes
   filled with the current global feature (the memory mechanism, eq. 6), through the anchor
-  collective (hpcfl.algorithms.anchors.uniform_contribution). They take the place of FedFM's anchors, so `check`
+  collective (hpcfl.algorithms.anchors.uniform_contribution). Ours: a class without a global feature
+  yet is averaged over the clients that hold it, where eq. 6's memory would count a zero vector for
+  every other client. They take the place of FedFM's anchors, so `check`
   refuses any feature-matching term (built-in or plug-in: whatever `needs_anchors`).
 - Evaluation vector (eq. 4): per-class accuracy of the trained local model on a random 20 % of its
   data (drawn per seed, round and client; classes absent there count 0). A client never evaluated
