@@ -103,9 +103,23 @@ def test_scaffold_server_averages_control_deltas_over_all_clients():
     (3, 0.0, 0.0, 3.0),
     (3, 0.5, 0.0, 1 + 1.5 + 1.75),          # counters 1, 1.5, 1.75
     (2, 0.0, 0.1, 1 + 0.9),                 # a <- 0.9 a + 1, twice
+    (2, 0.5, 0.1, 1 + 1.4),                 # buffers 1, 0.5 + 1 - 0.1 x 1 (the authors' code: 4.06)
 ])
 def test_fednova_normalising_steps(steps, momentum, lr_mu, expected):
     assert normalising_steps(steps, momentum, lr_mu) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("steps, momentum, lr, mu", [(100, 0.9, 0.01, 0.01), (20, 0.5, 0.05, 0.1), (7, 0.0, 0.1, 1.0),
+                                                     (30, 0.9, 0.1, 0.0)])
+def test_normalising_steps_is_how_far_torch_sgd_moves_under_a_unit_gradient(steps, momentum, lr, mu):
+    x = torch.zeros((), dtype=torch.float64)
+    y = x.clone().requires_grad_()
+    sgd = torch.optim.SGD([y], lr=lr, momentum=momentum)
+    for _ in range(steps):                                   # the loss y + prox's mu / 2 (y - x)^2
+        sgd.zero_grad()
+        (y + mu / 2 * (y - x) ** 2).backward()
+        sgd.step()
+    assert normalising_steps(steps, momentum, lr * mu) == pytest.approx(float(x - y) / lr, rel=1e-9)
 
 
 def test_fednova_client_sends_its_normalised_update():

@@ -57,7 +57,8 @@ def _round(algo, me, trainer, model, round, x, c):
     (0.9, 0.0, 1 + 1.9 + 2.71),           # counters 1, 1 + 0.9, 1 + 0.9 * 1.9
     (0.0, 0.0, STEPS),                    # option II as the paper: a = K
     (0.0, 0.5, 1 + 0.95 + 0.95 ** 2),     # prox: a <- (1 - lr mu) a + 1
-], ids=["momentum", "sgd", "prox"])
+    (0.9, 0.5, 1 + 1.85 + 2.5225),        # both: buffers 1, 0.9 + 1 - 0.05 x 1, 0.9 x 1.85 + 1 - 0.05 x 2.85
+], ids=["momentum", "sgd", "prox", "momentum-prox"])
 def test_control_variate_divides_the_model_change_by_the_momentum_aware_step_count(momentum, mu, a):
     train = {"lr": LR, "momentum": momentum, "weight_decay": DECAY, "batch_size": 8, "local_epochs": STEPS,
              "clients_per_round": 1}
