@@ -6,7 +6,8 @@
                                                          [--rounds R | --max-bytes B: at equal rounds or bytes]
                                                          [--stat selected --select-on METRIC [--select min|max]]
     python -m hpcfl.analyze target RESULTS... --target 0.8 [--baseline algorithm.name=fedavg]
-    python -m hpcfl.analyze personal RESULTS...          personalised accuracy across clients
+    python -m hpcfl.analyze personal RESULTS...          personalised accuracy across clients (data.local_test_ratio
+                                                         > 0 runs)
     python -m hpcfl.analyze forgetting RESULTS...        forgetting degree per class and per class role (dominant,
                                                          non-dominant, missing: FedKA obs. 1; eval.forgetting runs)
     python -m hpcfl.analyze time RESULTS...              seconds per phase, compute vs wait, MB per payload
@@ -15,12 +16,15 @@
     python -m hpcfl.analyze export RESULTS... --out DIR [--to tensorboard|mlflow|wandb]
                                                          replay result files into a tracker, offline
 
-`hpcfl analyze ...` is the same command. RESULTS are result files or folders (searched recursively).
-Runs are grouped by `--by` config keys (default: every key whose value differs between runs, seeds and
-keys that cannot change the numbers aside) and aggregated over seeds; e.g.
+`hpcfl analyze ...` is the same command. RESULTS are result files or folders (searched recursively; a
+file named twice is read once). Runs are grouped by `--by` config keys (default: every key whose value
+differs between runs, seeds and keys that cannot change the numbers aside) and aggregated over seeds,
+and a key that still differs within a group is named on stderr; e.g.
 `table --metric final/feature_nmi` is FedFM's Table IV.
-`table` gives the final value, the mean of the last k evaluations and, for runs with
-data.validation_fraction > 0, the value at the best-validation round (never the best test value).
+`table` gives the final value, the mean of the last k evaluations (lastK; all of them in a run that
+evaluated fewer) and, for runs with data.validation_fraction > 0, the value at the best-validation
+round (never the best test value): mean ± std over the completed runs (no ± for one run), and the
+runs a figure is over where some completed runs lack it (best_val_n).
 `compare` pairs each run with the baseline run of the same seeds and other keys, and gives the paired
 effect with its 95 % interval, over seeds and (where the files record per-example bits) the test set's
 examples, and a verdict (better / worse / inconclusive; hpcfl.analysis.paired, hpcfl.analysis.noise).
@@ -28,8 +32,9 @@ examples, and a verdict (better / worse / inconclusive; hpcfl.analysis.paired, h
 round where METRIC is lowest or highest: a paper's own rule, e.g. FedClassAvg's authors' lowest mean
 client test loss, which selects on test data and is never the default.
 `target`'s speed-up is each group's over the baseline group that shares its other keys.
-Unfinished runs are counted, enter no figure and are listed (`time` reads every run's committed
-rounds, finished or not); unreadable files are named on stderr, not fatal.
+Unfinished runs are counted, enter no figure and are listed (`time`'s seconds read every run's committed
+rounds, finished or not; its MB per run, the completed runs'); unreadable files are named on stderr, not
+fatal. A command whose figures no run recorded (a --metric, personal's or forgetting's) exits 2.
 """
 import argparse
 import sys
@@ -40,7 +45,7 @@ from hpcfl.analysis.export import TARGETS, VIEW, export
 from hpcfl.analysis.noise import NEEDS as NOISE_NEEDS
 from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
-from hpcfl.analysis.results import truncate, varying_keys
+from hpcfl.analysis.results import completed, mixed_keys, truncate, varying_keys
 from hpcfl.analysis.tables import SELECTION, STATISTICS, forgetting, personalised, time_and_bytes
 from hpcfl.errors import Exit, ResultsError, exit_help
 from hpcfl.metrics import read_run
@@ -51,6 +56,10 @@ NEEDS = {"table": (None, ()), "compare": (None, ()), "target": (None, ()), "curv
          "forgetting": (("client_class/forgetting", "partition"), ()),
          "time": ((), ("round/phase_s/", "rank/", "round/bytes_"))}
 COMMANDS = (*NEEDS, "partition", "export")      # every subcommand, in the order --help lists them
+# what a command's figures cannot do without, and the job setting that records it; table, compare and
+# target need their --metric
+RECORDED_BY = {"personal": ("round/personal_acc_mean", "data.local_test_ratio > 0"),
+               "forgetting": ("client_class/forgetting", "eval.forgetting = true")}
 
 
 def _positive(kind):
@@ -157,7 +166,7 @@ def _results(args, select: tuple[str, str] | None):
     """The result files the command reads (only the metrics it needs, and `select`'s), cut to --rounds /
     --max-bytes; None, having said why, when none is readable."""
     names, prefixes = NEEDS[args.command]
-    max_bytes = getattr(args, "max_bytes", None)
+    rounds, max_bytes = getattr(args, "rounds", None), getattr(args, "max_bytes", None)
     reads = (args.metric, SELECTION[0], *NOISE_NEEDS, *(select[:1] if select else ()))
     results = load(args.results, metrics=reads if names is None else names,
                    prefixes=(*prefixes, "round/bytes_") if max_bytes is not None else prefixes)
@@ -171,9 +180,35 @@ def _results(args, select: tuple[str, str] | None):
         status = ("running, or was killed (`hpcfl status` tells which)" if run["status"] == "running"
                   else run["status"])
         sys.stderr.write(f"hpcfl: note: {run['path']} is {status}: {run['rounds']} rounds committed\n")
-    if getattr(args, "rounds", None) is not None or max_bytes is not None:
-        results = truncate(results, args.rounds, max_bytes)
+    if rounds is not None:
+        _note_shorter(results.runs, rounds)
+    if rounds is not None or max_bytes is not None:
+        results = truncate(results, rounds, max_bytes)
     return results
+
+
+def _note_shorter(runs, rounds: int) -> None:
+    """Say which completed runs ran fewer than --rounds rounds: they are read whole, so the figures are
+    not at equal rounds as asked."""
+    short = runs[completed(runs) & (runs["rounds"] < rounds)]
+    if len(short):
+        sys.stderr.write(f"hpcfl: note: --rounds {rounds} is more than {len(short)} completed run(s) ran (the "
+                         f"shortest: {short['rounds'].min()} rounds): they are read whole, not at equal rounds\n")
+
+
+def _unrecorded(args, series: dict) -> str | None:
+    """Why the command would print blanks: the dataset its figures read (RECORDED_BY; table, compare and
+    target: --metric) is recorded in none of the runs. None when some run has it."""
+    if args.command in RECORDED_BY:
+        needed, setting = RECORDED_BY[args.command]
+        what, why = f"{needed}, which {args.command} reads,", f"runs record it with {setting}"
+    elif args.command in ("table", "compare", "target"):
+        needed = args.metric
+        what, why = f"--metric {needed}", "a typo? the names are in docs/reference/result-files.md"
+    else:
+        return None
+    recorded = any(needed in run for run in series.values())
+    return None if recorded else f"{what} is recorded in none of these runs ({why})"
 
 
 def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
@@ -184,16 +219,19 @@ def main(argv=None, prog: str = "python -m hpcfl.analyze") -> int:
     results = _results(args, select)
     if results is None:
         return 2
-    metric = args.metric
-    if args.command in ("table", "compare", "target") and not any(metric in run for run in results.series.values()):
-        sys.stderr.write(f"hpcfl: error: --metric {metric} is recorded in none of these runs (a typo? the names "
-                         "are in docs/reference/result-files.md)\n")
+    unrecorded = _unrecorded(args, results.series)
+    if unrecorded:
+        sys.stderr.write(f"hpcfl: error: {unrecorded}\n")
         return 2
     by = args.by or varying_keys(results.runs)
     missing = [k for k in by if k not in results.runs.columns]
     if missing:
         sys.stderr.write(f"hpcfl: error: --by {missing} are not config keys of these runs\n")
         return 2
+    mixed = [] if args.command == "compare" else mixed_keys(results.runs, by)     # compare names its own
+    if mixed:
+        sys.stderr.write(f"hpcfl: note: the runs of a group also differ in {mixed}: its figures are over their "
+                         "values together; add them to --by to tell them apart\n")
     if args.command == "curves":
         try:
             print(curves(results, by, args.out, args.metric, args.x))

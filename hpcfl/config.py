@@ -204,11 +204,11 @@ POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.
 NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.momentum", "train.weight_decay",
                 "data.local_test_ratio", "run.checkpoint_every", "run.round_timeout_s"}
 # Keys that change how a run computes, not what: its numbers at most to float rounding (the device, the
-# threads, the convolutions' layout, clients trained together). A run may resume with other values, and
-# the analysis never groups or pairs runs by them.
-NON_RESULT_KEYS = ("run.results_root", "run.checkpoint_every", "run.checkpoint_keep", "run.round_timeout_s",
-                   "run.threads", "run.device", "run.placement", "run.memory_format", "train.batched_clients",
-                   "train.cuda_graphs")
+# threads, the convolutions' layout, clients trained together), or where its files lie (the results, the
+# data). A run may resume with other values, and the analysis never groups or pairs runs by them.
+NON_RESULT_KEYS = ("run.results_root", "data.root", "run.checkpoint_every", "run.checkpoint_keep",
+                   "run.round_timeout_s", "run.threads", "run.device", "run.placement", "run.memory_format",
+                   "train.batched_clients", "train.cuda_graphs")
 MAX_THREADS = 1024   # torch's intra-op threads per rank: more cores than any node has
 NAME_BYTES = 200    # file names may have 255 bytes, and the files beside a result add suffixes (.h5.lock.<pid>)
 

@@ -11,7 +11,7 @@ and applies an adaptive optimiser to it, coordinate by coordinate:
 
 The rule acts on the trained parameters (`Setup.parameter_names`); buffers (BatchNorm running
 statistics) take the cohort's weighted mean, as in FedAvg and FedAvgM. m and v are server state
-(`moment1.*`, `moment2.*`), checkpointed with the model, so a resumed run continues bit for bit.
+(owners `moment1`, `moment2`), checkpointed with the model, so a resumed run continues bit for bit.
 
 Where the paper's text is silent or leaves a choice, and what we chose:
 - x_avg is the sample-weighted mean (as in FedAvg and Flower), where Algorithm 2 writes the plain

@@ -3,7 +3,8 @@
 
 Each run gives the tracker the same thing (`Replay`): every per-round figure (`round/*`) as a
 scalar at step = round (1-based; rounds that were not evaluated are left out, not written as NaN),
-every `final/*` figure at the last round, the job's configuration and the run's status. Only
+every `final/*` figure at the last round, the job's configuration as it ran (every parameter table
+resolved with its defaults: hpcfl.analysis.results.ran_with) and the run's status. Only
 committed rounds are read, so a crashed or running run exports what it finished, on a compute node
 without internet. The HDF5 file stays the source of truth: exporting a run again replaces what an
 earlier export wrote for it.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcfl.analysis.results import find_files
+from hpcfl.analysis.results import find_files, ran_with
 from hpcfl.config import flatten
 from hpcfl.errors import ResultsError
 from hpcfl.metrics import read_run
@@ -64,7 +65,7 @@ class Replay:
             scalars += [(name, step, float(v)) for step, v in zip(steps, np.atleast_1d(series), strict=True)
                         if np.isfinite(v)]
         return cls(str(run.attrs.get("study", "")), str(run.attrs.get("run", path.stem)),
-                   run.attrs.get("config", {}), str(run.attrs.get("status", "running")), run.rounds, scalars)
+                   ran_with(run.attrs), str(run.attrs.get("status", "running")), run.rounds, scalars)
 
     def by_step(self) -> dict[int, dict[str, float]]:
         steps = defaultdict(dict)

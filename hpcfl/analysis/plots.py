@@ -53,10 +53,10 @@ def curves(results: Results, by: list[str], out: Path, metric: str = "round/test
 def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc", x: str = "round") -> Figure:
     """One line per group of `by` keys: the mean of `metric` over its completed runs (as in the tables:
     one still running would cut its group's line short) against the round (1-based) or the cumulative
-    MB exchanged (x = "bytes"), with a band of ± one population std over the group's runs, to the
-    shortest run's length; rounds without a value are skipped. Raises ValueError, naming what is
-    missing, when there is nothing to draw (no completed run recorded `metric`, or the bytes for
-    x = "bytes")."""
+    MB exchanged (x = "bytes": up, down and client to client, bytes_exchanged), with a band of ± one
+    population std over the group's runs, to the shortest run's length; rounds without a value are
+    skipped. Raises ValueError, naming what is missing, when there is nothing to draw (no completed run
+    recorded `metric`, or the bytes for x = "bytes")."""
     fig = Figure(figsize=(6, 4.4))
     ax = fig.add_subplot()
     done = results.runs[completed(results.runs)]
@@ -83,7 +83,7 @@ def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc"
         raise ValueError(f"nothing to draw: none of the {len(done)} completed runs (of {len(results.runs)}) "
                          f"recorded {wanted} in a round; --metric takes a round/... or client/... array of the "
                          "result files")
-    ax.set_xlabel("MB exchanged (up and down, cumulative)" if x == "bytes" else "round")
+    ax.set_xlabel("MB exchanged (every payload and direction, cumulative)" if x == "bytes" else "round")
     if x == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(axis_label(metric))

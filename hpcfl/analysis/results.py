@@ -40,11 +40,14 @@ def completed(runs: pd.DataFrame) -> pd.Series:
 
 
 def find_files(paths) -> list[Path]:
-    """The .h5 files named, and those under the folders named, sorted."""
-    found = []
+    """The .h5 files named, and those under the folders named, sorted; a file named twice (a folder and
+    a file in it, overlapping folders, a link) counts once, where first named: a twin would weigh its run
+    twice in a group's mean, and pair with itself."""
+    found = {}
     for path in map(Path, paths):
-        found += sorted(path.rglob("*.h5")) if path.is_dir() else [path]
-    return found
+        for file in sorted(path.rglob("*.h5")) if path.is_dir() else [path]:
+            found.setdefault(file.resolve(), file)
+    return list(found.values())
 
 
 def ran_with(attrs: dict) -> dict:
@@ -128,3 +131,11 @@ def varying_keys(runs: pd.DataFrame) -> list[str]:
     numbers (hpcfl.config.NON_RESULT_KEYS: checkpointing, timeouts, threads, ...) aside: the natural grouping."""
     keys = [c for c in runs.columns if "." in c and c not in SEED_KEYS and c not in NON_RESULT_KEYS]
     return [k for k in keys if runs[k].astype(str).nunique(dropna=False) > 1]     # missing in some runs: a value too
+
+
+def mixed_keys(runs: pd.DataFrame, by: list[str]) -> list[str]:
+    """The keys of varying_keys outside `by` whose value differs within a group of `by`: a table or a
+    line by `by` averages over their values, which a reader should be told."""
+    groups = [group for _, group in runs.groupby(by, dropna=False)] if by else [runs]
+    return [k for k in varying_keys(runs) if k not in by
+            and any(group[k].astype(str).nunique(dropna=False) > 1 for group in groups)]

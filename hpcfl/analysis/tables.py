@@ -104,11 +104,13 @@ def _per_run_stat(results: Results, stat: str, metric: str, **options) -> pd.Ser
 def summary(results: Results, by: list[str], metric: str = "round/test_acc", last: int = 10,
             select: tuple[str, str] | None = None) -> pd.DataFrame:
     """Per group of `by` keys: runs, then the final `metric`, its mean over the last `last` evaluated
-    rounds and (runs with data.validation_fraction > 0) its value at the best-validation round, each as
-    mean and std (ddof 0) over the group's completed runs; with `select` (chosen_rounds), its value at
+    rounds (all of them in a run that evaluated fewer) and (runs with data.validation_fraction > 0) its
+    value at the best-validation round, each as mean and std (ddof 0; none for one run, whose 0 would
+    read as agreement) over the group's completed runs; with `select` (chosen_rounds), its value at
     that rule's round too. No column selects on the test accuracy unless `select` asks. When a run did
     not complete (diverged, interrupted, still running) a column `unfinished` counts them per group:
-    their truncated series enter no figure, and leaving them out silently would flatter."""
+    their truncated series enter no figure, and leaving them out silently would flatter. A figure that
+    some completed runs lack (best_val without validation) gets its count beside it (`best_val_n`)."""
     stats = {"final": "final", f"last{last}": "last", "best_val": "best_val",
              **({"selected": "selected"} if select else {})}
     runs, unfinished = _finished_only(results.runs.assign(**{
@@ -117,14 +119,24 @@ def summary(results: Results, by: list[str], metric: str = "round/test_acc", las
     for name in (f"last{last}", "best_val"):        # no validation, or a figure written once (final/...)
         if not runs[name].notna().any():
             del stats[name]
-    spread = lambda s: s.std(ddof=0)          # noqa: E731
     table = _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
                                    **{f"{name}_{fn}": (name, agg) for name in stats
-                                      for fn, agg in (("mean", "mean"), ("std", spread))})
+                                      for fn, agg in (("mean", "mean"), ("std", _spread), ("n", "count"))})
+    done = table["runs"] - table.get("unfinished", 0)
+    lacking = [name for name in stats if (table[f"{name}_n"] != done).any()]
+    table = table.drop(columns=[f"{name}_n" for name in stats if name not in lacking])
+    counted = "; _n: the runs behind a figure that some completed runs lack" if lacking else ""
     rule = f"; {selection_rule(select)}" if select else ""
     table = table.reset_index()
-    table.attrs["legend"] = f"{metric}: mean ± population std (ddof 0) over each group's completed runs{rule}"
+    table.attrs["legend"] = (f"{metric}: mean ± population std (ddof 0) over each group's completed runs"
+                             f"{counted}{rule}")
     return table
+
+
+def _spread(values: pd.Series) -> float:
+    """The population std (ddof 0) of a group's figures; NaN for fewer than two, where 0 would read as
+    runs that agree."""
+    return values.std(ddof=0) if values.count() > 1 else np.nan
 
 
 def _finished_only(runs: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, dict]:
@@ -222,45 +234,54 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
     return pd.DataFrame(rows)
 
 
+def _time_and_bytes_of(metrics: dict[str, np.ndarray]) -> dict[str, float]:
+    """One run's seconds per round in each phase, compute and wait seconds summed over ranks (means over
+    its committed rounds), and MB of each payload (sums)."""
+    row = {f"{k.removeprefix('round/phase_s/')} s": np.nanmean(v) for k, v in metrics.items()
+           if k.startswith("round/phase_s/")}
+    for name in ("compute_s", "wait_s"):
+        if f"rank/{name}" in metrics:
+            row[f"{name} (all ranks)"] = np.nanmean(metrics[f"rank/{name}"].sum(axis=1))
+    row.update({f"{k.removeprefix('round/bytes_')} MB": np.nansum(v) / 1e6 for k, v in metrics.items()
+                if k.startswith("round/bytes_")})
+    return row
+
+
 def time_and_bytes(results: Results, by: list[str]) -> pd.DataFrame:
-    """Per group, means over rounds and runs: seconds per round in each phase, compute and wait
-    seconds summed over ranks, and MB per run of each payload (up, down, client to client)."""
-    rows = []
-    for key, group in _grouped(results.runs, by):
-        per_run = []
-        for path in group["path"]:
-            metrics = results.series[path]
-            row = {f"{k.removeprefix('round/phase_s/')} s": np.nanmean(v) for k, v in metrics.items()
-                   if k.startswith("round/phase_s/")}
-            for name in ("compute_s", "wait_s"):
-                if f"rank/{name}" in metrics:
-                    row[f"{name} (all ranks)"] = np.nanmean(metrics[f"rank/{name}"].sum(axis=1))
-            row.update({f"{k.removeprefix('round/bytes_')} MB": np.nansum(v) / 1e6 for k, v in metrics.items()
-                        if k.startswith("round/bytes_")})
-            per_run.append(row)
-        mean = pd.DataFrame(per_run).mean()
-        # strict=False: with no `by`, _grouped keys the one group "all", which names no column
-        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=False)), "runs": len(per_run),
-                     **mean.to_dict()})
-    return pd.DataFrame(rows)
+    """Per group, means over runs: seconds per round in each phase, compute and wait seconds summed over
+    ranks (every run's committed rounds: a round costs the same whether the run went on), and MB per
+    run of each payload (up, down, client to client) over the completed runs only, since a run stopped
+    early sent less; `unfinished` counts the others, as in `summary`."""
+    figures = pd.DataFrame([_time_and_bytes_of(results.series[p]) for p in results.runs["path"]],
+                           index=results.runs.index)
+    runs, unfinished = _finished_only(results.runs.join(figures), [c for c in figures if c.endswith(" MB")])
+    return _grouped(runs, by).agg(runs=("path", "size"), **unfinished,
+                                  **{c: (c, "mean") for c in figures}).reset_index()
 
 
 def _cell(value, config_key: bool) -> str:
-    """One value as text; a config key's (algorithm.name) that some runs lack is (missing), not nan."""
+    """One value as text: a number to 4 decimals, a config key's (train.lr) too where that is exact, else
+    in full, so that groups of 1e-05 and 4e-05 stay apart; a config key's that some runs lack is
+    (missing), not nan."""
     if config_key and shown(value) == MISSING:
         return MISSING
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+    if not isinstance(value, float):
+        return str(value)
+    fixed = f"{value:.4f}"
+    return str(value) if config_key and float(fixed) != value else fixed
 
 
 def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Column names and text cells, "mean ± std" pairs merged."""
+    """Column names and text cells, "mean ± std" pairs merged (the mean alone where it has no spread:
+    one run)."""
     columns, cells = [], []
     for name in table.columns:
         if name.endswith("_std") and name[:-4] + "_mean" in table.columns:
             continue
         if name.endswith("_mean") and name[:-5] + "_std" in table.columns:
             std = table[name[:-5] + "_std"]
-            cells.append([f"{m:.4f} ± {s:.4f}" for m, s in zip(table[name], std, strict=True)])
+            cells.append([f"{m:.4f}" if np.isnan(s) and not np.isnan(m) else f"{m:.4f} ± {s:.4f}"  # one run
+                          for m, s in zip(table[name], std, strict=True)])
             columns.append(name[:-5])
         else:
             cells.append([_cell(v, config_key="." in name) for v in table[name]])

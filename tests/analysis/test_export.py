@@ -217,3 +217,14 @@ def test_only_a_runs_series_and_final_figures_are_replayed(tmp_path):
     assert (replay.study, replay.name, replay.status, replay.rounds) == ("s", "r", "running", 3)
     assert replay.config == {"x": 1}
     assert replay.by_step() == {1: {"round/train_loss": 0.5}, 3: {"final/feature_nmi": 0.75, "round/train_loss": 0.25}}
+
+
+def test_a_tracker_is_given_the_job_as_it_ran_with_the_defaults_it_left_out(tmp_path):
+    """The job wrote no FedProx mu; the run used the default, which the `resolved` tables record."""
+    from hpcfl.analysis.export import Replay
+    from hpcfl.metrics import Recorder
+    config = {"run": {"seed": 0}, "algorithm": {"name": "fedprox", "params": {}}}
+    resolved = {"algorithm": {"params": {"mu": 0.01}, "terms": {}}}
+    Recorder.create(tmp_path / "r.h5", {"run": "r", "config": config, "resolved": resolved}).close()
+    ran = {"run": {"seed": 0}, "algorithm": {"name": "fedprox", "params": {"mu": 0.01}, "terms": {}}}
+    assert Replay.of(tmp_path / "r.h5").config == ran

@@ -85,7 +85,7 @@ def test_a_groups_line_is_the_mean_its_band_one_std_either_side_at_each_round_or
         band = {tuple(np.round(v, 9)) for v in ax.collections[0].get_paths()[0].vertices}
         assert {(xs[0], 0.2), (xs[0], 0.4), (xs[2], 0.6), (xs[2], 0.8)} <= band
         assert {y for _, y in ax.collections[1].get_paths()[0].vertices} == {0.5, 0.7}     # one run: std 0
-    assert ax.get_xlabel() == "MB exchanged (up and down, cumulative)"
+    assert ax.get_xlabel() == "MB exchanged (every payload and direction, cumulative)"      # client to client too
     (ax,) = curve_figure(results, ["algorithm.name", "data.partition_params.beta"]).axes
     assert [line.get_label() for line in ax.lines] == ["fedavg, 0.1 (2 runs)", "fedprox, 0.1 (1 run)"]
 

@@ -617,3 +617,91 @@ def test_a_comparison_without_pairs_gives_no_test_error(tmp_path):
     table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
     assert table.iloc[0]["n"] == 0 and len(unpaired) == 4
     assert "test_se" not in table or np.isnan(table.iloc[0]["test_se"])
+
+
+def test_a_file_named_twice_is_read_once_where_first_named(folder):
+    """A folder and a file in it, or the folder again: each run counts once, or it would weigh twice in
+    its group's mean and be its own twin in compare."""
+    from hpcfl.analysis import find_files
+
+    first = folder / "fedprox-0.1-1.h5"
+    files = find_files([first, folder, folder / "." / "fedavg-0.5-0.h5", folder])
+    assert len(files) == 5 and files[0] == first and len({f.resolve() for f in files}) == 5
+    results = load([folder, first])
+    table = summary(results, ["algorithm.name", "data.partition_params.beta"])
+    assert list(table["runs"]) == [2, 1, 2]
+    assert compare(results, {"algorithm.name": "fedavg"})[0]["n"].tolist() == [2]
+
+
+def test_a_config_value_that_four_decimals_would_round_is_shown_in_full(tmp_path):
+    for seed, lr in enumerate([1e-5, 4e-5, 0.1]):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.5, 0.6], train={"lr": lr})
+    lines = render(summary(load([tmp_path]), ["train.lr"]), "md").splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:5]] == ["| 1e-05", "| 4e-05", "| 0.1000"]
+
+
+def test_a_group_of_one_run_shows_no_spread(folder):
+    table = summary(load([folder]), ["algorithm.name", "data.partition_params.beta"])
+    single = table[table["data.partition_params.beta"] == 0.5].iloc[0]
+    assert single["runs"] == 1 and single["final_mean"] == pytest.approx(0.3) and np.isnan(single["final_std"])
+    assert "| fedavg | 0.5000 | 1 | 0.3000 | 0.2000 |" in render(table).splitlines()
+
+
+def test_a_figure_that_some_runs_lack_shows_how_many_runs_it_is_over(tmp_path):
+    _write(tmp_path, "fedavg", 0.1, 0, [0.5, 0.7], val=[0.6, 0.5])
+    for seed in (1, 2):
+        _write(tmp_path, "fedavg", 0.1, seed, [0.4, 0.6])                          # no validation
+    table = summary(load([tmp_path], metrics=("round/test_acc", "round/val_acc")), ["algorithm.name"])
+    assert list(table.columns) == ["algorithm.name", "runs", "final_mean", "final_std", "last10_mean", "last10_std",
+                                   "best_val_mean", "best_val_std", "best_val_n"]
+    assert table.iloc[0][["runs", "best_val_n"]].tolist() == [3, 1]
+    assert render(table).splitlines()[2] == "| fedavg | 3 | 0.6333 ± 0.0471 | 0.5333 ± 0.0471 | 0.5000 | 1 |"
+    assert "_n: the runs behind a figure that some completed runs lack" in table.attrs["legend"]
+
+
+@pytest.mark.parametrize("command", ["table", "personal", "time", "target"])
+def test_a_grouped_command_names_the_keys_that_vary_within_its_groups(folder, capsys, command):
+    extra = ["--target", "0.5"] if command == "target" else []
+    assert main([command, str(folder), "--by", "algorithm.name", *extra]) == 0
+    assert ("note: the runs of a group also differ in ['data.partition_params.beta']: its figures are over their "
+            "values together; add them to --by to tell them apart") in capsys.readouterr().err
+    assert main([command, str(folder), *extra]) == 0                 # the default grouping: nothing mixed
+    assert "also differ" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "needed", "setting"),
+                         [("personal", "round/personal_acc_mean", "data.local_test_ratio > 0"),
+                          ("forgetting", "client_class/forgetting", "eval.forgetting = true")])
+def test_personal_and_forgetting_refuse_runs_that_recorded_none_of_their_figures(tmp_path, capsys, command, needed,
+                                                                                 setting):
+    _client_run(tmp_path, "fedavg-0", 0, [[0.5, 0.6]] * 2)
+    assert main([command, str(tmp_path)]) == 2
+    assert (f"hpcfl: error: {needed}, which {command} reads, is recorded in none of these runs (runs record it "
+            f"with {setting})") in capsys.readouterr().err
+
+
+def test_the_bytes_per_run_are_over_completed_runs_and_the_others_are_counted(folder):
+    _write(folder, "fedprox", 0.1, 2, [0.5, 0.6], status="failed")             # stopped after 2 of 4 rounds
+    table = time_and_bytes(load([folder], metrics=(), prefixes=("round/phase_s/", "rank/", "round/bytes_")),
+                           ["algorithm.name"])
+    fedprox = table[table["algorithm.name"] == "fedprox"].iloc[0]
+    assert fedprox["runs"] == 3 and fedprox["unfinished"] == 1
+    assert fedprox["down/model MB"] == pytest.approx(4.0) and fedprox["up/model MB"] == pytest.approx(8.0)
+    assert fedprox["train s"] == pytest.approx(3.0)                      # 2, 3 and 4 s: every run's rounds
+
+
+def test_runs_whose_data_lies_elsewhere_group_and_pair_together(tmp_path, capsys):
+    _arms(tmp_path, {"fedavg": [0.5, 0.6]}, data={"root": "/scratch/data"})
+    _arms(tmp_path, {"fedprox": [0.6, 0.8]}, data={"root": "/home/me/data"})
+    assert main(["table", str(tmp_path), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("algorithm.name,runs,")
+    table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
+    assert unpaired == [] and table.iloc[0]["n"] == 2 and table.attrs["also_differ"] == []
+
+
+def test_rounds_beyond_a_completed_runs_length_are_noted(folder, capsys):
+    assert main(["table", str(folder), "--rounds", "9"]) == 0
+    assert ("note: --rounds 9 is more than 5 completed run(s) ran (the shortest: 4 rounds): they are read whole, "
+            "not at equal rounds") in capsys.readouterr().err
+    assert main(["table", str(folder), "--rounds", "4"]) == 0
+    assert "--rounds" not in capsys.readouterr().err

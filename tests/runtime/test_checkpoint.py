@@ -161,9 +161,10 @@ def test_the_checkpoints_sit_beside_the_result_file():
 
 # The resume decisions (hpcfl.runtime.resume) on their own.
 
-def _config(tmp_path, lr=0.01, **run):
+def _config(tmp_path, lr=0.01, data=None, **run):
     from hpcfl.config import read_job
-    return read_job({"run": {"results_root": str(tmp_path / "results"), "rounds": 4, **run}, "train": {"lr": lr}})
+    return read_job({"run": {"results_root": str(tmp_path / "results"), "rounds": 4, **run}, "train": {"lr": lr},
+                     "data": data or {}})
 
 
 @pytest.fixture
@@ -216,6 +217,8 @@ def test_the_resume_point_is_nothing_a_checkpoint_or_a_refusal(tmp_path, unlocke
     shutil.rmtree(root / "round-000003")
     changed = _config(tmp_path, checkpoint_every=3, threads=2)                # keys that may change on resume
     assert resume_point(SimpleNamespace(config=changed)) == (True, 2, root / "round-000002")
+    moved = _config(tmp_path, data={"root": str(tmp_path / "moved")})          # the data copied elsewhere
+    assert resume_point(SimpleNamespace(config=moved)) == (True, 2, root / "round-000002")
     with pytest.raises(ResultsError, match="from a run with another configuration; choose another run.name"):
         resume_point(SimpleNamespace(config=_config(tmp_path, lr=0.1)))
     config.result_path.unlink()
