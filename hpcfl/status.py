@@ -9,9 +9,12 @@
 - failed: a failure during training ended the run;
 - unreadable: not a valid result file, or damaged: some part of it does not read back (the reason
   is printed; `hpcfl analyze` skips the same files);
-- missing: with --sweep, a point of the sweep that has no result file yet.
+- missing: with --sweep, a point of the sweep that has no result file yet;
+- other config: with --sweep, a point whose result file is of another configuration (the keys are
+  printed): its array task would refuse it.
 
-It exits 2 when any file is unreadable, so that a script checking a study stops there.
+With --sweep and no RESULTS, the sweep's own files are listed, not their folders'. It exits 2 when
+any file is unreadable or of another configuration, so that a script checking a study stops there.
 """
 import argparse
 import json
@@ -25,27 +28,34 @@ from hpcfl.metrics import read_run
 from hpcfl.runtime.lock import writing
 
 
-def state(path: Path) -> tuple[str, str, str]:
-    """(state, rounds as 'committed/planned', why it is unreadable) of one result file."""
+def state(path: Path, expected=None) -> tuple[str, str, str]:
+    """(state, rounds as 'committed/planned', why it is unreadable or of another configuration) of one
+    result file, whose run should have the job `expected` if given (a sweep's point)."""
     try:
         run = read_run(path)              # all of it, as `hpcfl analyze` reads it: one verdict for both
     except HpcflError as err:             # a file its run is writing may be caught between two flushes
         return ("running", "", f"not readable while it is written: {err}") if writing(path) else (
             "unreadable", "", str(err))
     planned = run.attrs.get("config", {}).get("run", {}).get("rounds", "?")
+    if expected is not None:
+        from hpcfl.runtime.resume import mismatch  # a sweep's jobs have imported torch already
+
+        if differ := mismatch(run.attrs.get("config", {}), expected):
+            return "other config", f"{run.rounds}/{planned}", differ
     status = run.attrs.get("status", "running")
     if status == "running":
         status = "running" if writing(path) else "interrupted"
     return {"completed": "complete"}.get(status, status), f"{run.rounds}/{planned}", ""
 
 
-def sweep_files(job: str, overrides: list[str]) -> list[Path]:
-    """The result file of each point of the sweep in `job`, with the --set `overrides` it ran with."""
+def sweep_jobs(job: str, overrides: list[str]) -> dict[Path, object]:
+    """Each point of the sweep in `job`, with the --set `overrides` it ran with: its result file -> its job."""
     from hpcfl.config import read_job_file
     from hpcfl.jobs import load_job
     from hpcfl.sweep import points
 
-    return [load_job(job, [*overrides, *point], allow_sweep=True).result_path for point in points(read_job_file(job))]
+    jobs = [load_job(job, [*overrides, *point], allow_sweep=True) for point in points(read_job_file(job))]
+    return {config.result_path: config for config in jobs}
 
 
 def main(argv=None, prog: str = "hpcfl status") -> int:
@@ -61,17 +71,18 @@ def main(argv=None, prog: str = "hpcfl status") -> int:
         parser.error("--set and --results-root say where a sweep's points are: they need --sweep JOB")
     overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
     try:
-        expected = sweep_files(args.sweep, overrides) if args.sweep else []
+        expected = sweep_jobs(args.sweep, overrides) if args.sweep else {}
     except HpcflError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return Exit.BAD_INPUT
     roots = [Path(r).resolve() for r in args.results]
     if roots and expected and not any(p.resolve().is_relative_to(r) for p in expected for r in roots):
-        sys.stderr.write(f"hpcfl: note: the sweep's result files are looked for under {expected[0].parent}, not in "
-                         f"{' '.join(args.results)}: a sweep run with --results-root needs the same --results-root "
-                         "here\n")
-    found = sorted(set(find_files(args.results or {path.parent for path in expected})))
-    rows = [(path, *state(path)) for path in found if path.exists()]
+        sys.stderr.write(f"hpcfl: note: the sweep's result files are looked for under {next(iter(expected)).parent}, "
+                         f"not in {' '.join(args.results)}: a sweep run with --results-root needs the same "
+                         "--results-root here\n")
+    found = sorted(set(find_files(args.results or [path for path in expected if path.exists()])))
+    jobs = {path.resolve(): config for path, config in expected.items()}
+    rows = [(path, *state(path, jobs.get(path.resolve()))) for path in found if path.exists()]
     have = {path.resolve() for path in found if path.exists()}
     rows += [(path, "missing", "", "") for path in expected if path.resolve() not in have]
     if not rows:
@@ -83,4 +94,4 @@ def main(argv=None, prog: str = "hpcfl status") -> int:
         print(f"{what:<12}{rounds:>9}  {path}" + (f"  ({why})" if why else ""))
     counts = Counter(what for _, what, _, _ in rows)
     print(", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
-    return Exit.BAD_INPUT if counts["unreadable"] else Exit.DONE
+    return Exit.BAD_INPUT if counts["unreadable"] or counts["other config"] else Exit.DONE

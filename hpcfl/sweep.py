@@ -25,6 +25,7 @@ complete). Arms share seeds, so `analyze compare --baseline run.arm=FedAvg` pair
 """
 import argparse
 import contextlib
+import hashlib
 import io
 import itertools
 import json
@@ -100,9 +101,11 @@ def points(raw: dict) -> list[list[str]]:
     if (not isinstance(seeds, list) or not seeds
             or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         raise ConfigError(f"sweep.seeds must be a non-empty list of integers, got {seeds!r}")
+    arms = _arms(sweep, grid)
+    _check_swept_keys(grid, arms)
     base = raw.get("run", {}).get("name") or "sweep"
     out = []
-    for (arm, keys), *values in itertools.product(_arms(sweep, grid).items(), *grid.values(), seeds):
+    for (arm, keys), *values in itertools.product(arms.items(), *grid.values(), seeds):
         *chosen, seed = values
         name = "-".join([base, *([arm] if arm else []), *(_label(v) for v in chosen), f"seed{seed}"])
         sets = {**keys, **({"run.arm": arm} if arm else {}), **dict(zip(grid, chosen, strict=True))}
@@ -115,6 +118,23 @@ def points(raw: dict) -> list[list[str]]:
         raise ConfigError(f"sweep points share a result file ({' '.join(twins[0])}): a seed or grid value is listed "
                           "twice, or two values read alike in a run name; list each once")
     return out
+
+
+def _check_swept_keys(grid: dict, arms: dict[str, dict]) -> None:
+    """Keys a sweep may not vary: run.seed and run.name, which every point sets itself (sweep.seeds, the
+    point's name), and in the grid a key that cannot change a number (NON_RESULT_KEYS: the analysis
+    would pool its values as seeds of one group); vary one of those in arms, which run.arm keeps apart."""
+    from hpcfl.config import NON_RESULT_KEYS
+
+    own = sorted({"run.seed", "run.name"} & {*grid, *(k for keys in arms.values() for k in keys)})
+    if own:
+        raise ConfigError(f"the sweep varies {own[0]}, which it sets on every point itself: list seeds in "
+                          "sweep.seeds, and the name comes from run.name, the arm and the values")
+    pooled = sorted(set(grid) & set(NON_RESULT_KEYS))
+    if pooled:
+        raise ConfigError(f"sweep.grid varies {pooled[0]}, which cannot change a run's numbers, so the analysis "
+                          "would pool its values as more seeds of one group: vary it in sweep.arms (each arm's "
+                          "run.arm keeps them apart)")
 
 
 def swept_keys(todo: list[list[str]]) -> set[str]:
@@ -136,6 +156,8 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
                         help="with --submit: at most K points run at once (--array=...%%K)")
     parser.add_argument("--script", default=None, help="with --submit: the batch script (default: sweep.sbatch in "
                                                        "$HPCFL_SLURM, else ./slurm, else the one hpcfl ships)")
+    parser.add_argument("--job-digest", default=None, help="the job file's digest when the array was submitted "
+                                                           "(--submit adds it): a task refuses a file edited since")
     args, launch_args = parser.parse_known_args(argv[:split])
     from hpcfl.launch import run_overrides
 
@@ -153,6 +175,11 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
         return Exit.DONE
     if args.submit:
         return submit(args, len(todo), launch_args, argv[split + 1:])
+    if args.job_digest not in (None, digest(args.job)):
+        sys.stderr.write(f"hpcfl: error: {args.job} changed since the sweep was submitted: its points may have "
+                         "moved, and array task i runs point i of the file as it is now. Re-submit the sweep (its "
+                         "complete points are skipped)\n")
+        return Exit.BAD_INPUT
     index = args.index if args.index is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
     if index is None or not 0 <= int(index) < len(todo):
         sys.stderr.write(f"hpcfl: error: pick a point 0..{len(todo) - 1} with --index (or run as a SLURM array task); "
@@ -160,8 +187,8 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
         return Exit.BAD_INPUT
     from hpcfl.launch import main as launch
 
-    return launch([args.job, *(a for o in todo[int(index)] for a in ("--set", o)), *launch_args], allow_sweep=True,
-                  prog=prog)
+    return launch([args.job, *launch_args, *(a for o in todo[int(index)] for a in ("--set", o))], allow_sweep=True,
+                  prog=prog)                  # the point's keys last, as _check_points resolves them
 
 
 def _check_points(job: str, overrides: list[str], todo: list[list[str]]) -> None:
@@ -190,11 +217,18 @@ def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> arg
         why = said.getvalue().strip().splitlines()[-1].partition("error: ")[2]
         raise ConfigError(f"{shlex.join(launch_args)}: not options of a run (hpcfl run --help); sbatch's go after "
                           f"`--` (argparse: {why})") from None
-    clash = sorted({o.partition("=")[0] for o in options.overrides} & swept)
+    clash = sorted(key for key in {o.partition("=")[0] for o in options.overrides}
+                   if any(key == s or s.startswith(key + ".") or key.startswith(s + ".") for s in swept))
     if clash:
-        raise ConfigError(f"--set {clash[0]}: the sweep sets it on each point (a point's run.name, run.seed, its arm's "
-                          "and grid's keys); change it in the job's [sweep] table")
+        raise ConfigError(f"--set {clash[0]}: the sweep sets it on each point, or a key inside it, or the table "
+                          "holding it (a point's run.name, run.seed, its arm's and grid's keys); change it in the "
+                          "job's [sweep] table")
     return options
+
+
+def digest(job: str) -> str:
+    """The job file's content, hashed: what --job-digest compares."""
+    return hashlib.sha256(Path(job).read_bytes()).hexdigest()[:16]
 
 
 def default_script() -> Path:
@@ -218,7 +252,7 @@ def submit(args, count: int, launch_args: list[str], sbatch_args: list[str]) -> 
         sys.stderr.write(f"hpcfl: error: --max-concurrent {args.max_concurrent} must be >= 1 (0: no limit)\n")
         return Exit.BAD_INPUT
     array = f"--array=0-{count - 1}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
-    command = ["sbatch", array, *sbatch_args, str(script), args.job, *launch_args]
+    command = ["sbatch", array, *sbatch_args, str(script), args.job, "--job-digest", digest(args.job), *launch_args]
     print(f"hpcfl: {count} points: {shlex.join(command)}", flush=True)
     # where the script finds site.sh: beside the script as named (a link to hpcfl's own keeps this folder's)
     env = {**os.environ, "HPCFL_SLURM": str(script.absolute().parent)}

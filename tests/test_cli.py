@@ -22,6 +22,7 @@ from hpcfl.cli import main
 from hpcfl.errors import EXIT_MEANING, Exit
 from hpcfl.models import model_options
 from hpcfl.runtime.lock import STALE_S, lock_path
+from hpcfl.sweep import digest
 from hpcfl.testing import assert_same_metrics, run_metrics
 
 SCRIPT = Path(sys.executable).with_name("hpcfl")      # the console script pip installed beside this Python
@@ -90,7 +91,8 @@ def test_sweep_submit_writes_the_array_size_and_passes_the_options(tiny_job, tmp
                  "--set", "train.local_epochs=2", "--", "--time=00:10:00", "-n", "3"]) == Exit.DONE
     assert "hpcfl: 6 points: sbatch --array=0-5%2" in capsys.readouterr().out
     argv, folder = (tmp_path / "called").read_text().splitlines()
-    assert argv == f"--array=0-5%2 --time=00:10:00 -n 3 {script} {job} --set train.local_epochs=2"
+    assert argv == (f"--array=0-5%2 --time=00:10:00 -n 3 {script} {job} --job-digest {digest(str(job))} "
+                    "--set train.local_epochs=2")
     assert folder == str(script.parent)                   # where the batch script finds site.sh and step.sh
     assert main(["sweep", str(job), "--submit", "--script", str(tmp_path / "none.sbatch")]) == Exit.BAD_INPUT
     assert "none.sbatch does not exist" in capsys.readouterr().err
@@ -172,11 +174,17 @@ def test_status_tells_complete_running_interrupted_failed_unreadable_and_missing
     assert main(["sweep", str(sweep), "--index", "0", "--results-root", str(tmp_path / "sw")]) == Exit.DONE
     capsys.readouterr()
     done = tmp_path / "sw" / "test" / "sweep-seed0.h5"
+    shutil.copy(done, done.with_name("another-sweeps-seed0.h5"))              # in the folder, not of this sweep
     assert main(["status", "--sweep", str(sweep), "--results-root", str(tmp_path / "sw")]) == Exit.DONE
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["complete", "2/2", str(done)]
     assert out[1].split() == ["missing", str(done.with_name("sweep-seed1.h5"))]
     assert out[-1] == "1 complete, 1 missing"
+    assert main(["status", "--sweep", str(sweep), "--results-root", str(tmp_path / "sw"),
+                 "--set", "train.local_epochs=2"]) == Exit.BAD_INPUT             # its task would refuse the file
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("other config") and out[0].endswith(
+        f"{done}  (train.local_epochs: 1 in the file, 2 here)") and out[-1] == "1 missing, 1 other config"
     assert main(["status", "--sweep", str(sweep), str(tmp_path / "sw")]) == Exit.DONE      # its --results-root left out
     assert "a sweep run with --results-root needs the same --results-root here" in capsys.readouterr().err
     assert main(["status", "--sweep", str(sweep), str(tmp_path / "sw"), "--results-root", str(tmp_path / "sw")]) == 0

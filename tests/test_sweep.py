@@ -11,7 +11,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.init import TEMPLATES
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
-from hpcfl.sweep import main, points, toml_value
+from hpcfl.sweep import digest, main, points, toml_value
 
 SWEEP = """
 [run]
@@ -66,6 +66,16 @@ def test_a_point_runs_by_array_task_id_once(job, tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main([str(job), "--results-root", str(tmp_path / "results")]) == 0     # re-submitted: skipped
     assert "already complete" in capsys.readouterr().out
+
+
+def test_a_task_refuses_a_job_file_edited_since_the_sweep_was_submitted(job, tmp_path, capsys):
+    submitted = digest(str(job))
+    job.write_text(SWEEP.replace("seeds = [0, 1]", "seeds = [0, 1, 2]"))          # point 5 is another point now
+    assert main([str(job), "--index", "5", "--job-digest", submitted, "--results-root", str(tmp_path)]) == 2
+    assert f"{job} changed since the sweep was submitted" in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()
+    assert main([str(job), "--index", "5", "--job-digest", digest(str(job)), "--results-root", str(tmp_path)]) == 0
+    assert (tmp_path / "grid" / "sweep-fedavg-0.5-seed2.h5").is_file()                # the file as it is now
 
 
 def test_bad_sweeps_and_direct_launches_are_refused_by_name(job, tmp_path, capsys):
@@ -153,6 +163,21 @@ def test_points_that_would_share_a_result_file_are_refused(sweep):
         points({"sweep": sweep})
 
 
+@pytest.mark.parametrize("sweep, message", [
+    ({"grid": {"run.seed": [5, 6]}}, "varies run.seed, which it sets on every point itself: list seeds in sweep.seeds"),
+    ({"grid": {"run.name": ["a", "b"]}}, "varies run.name, which it sets on every point itself"),
+    ({"arms": {"A": {"run.seed": 1}, "B": {"run.seed": 2}}}, "varies run.seed"),
+    ({"grid": {"run.threads": [1, 2]}}, "sweep.grid varies run.threads, which cannot change a run's numbers, so the "
+                                        "analysis would pool its values as more seeds of one group: vary it in "
+                                        r"sweep.arms")])
+def test_keys_the_sweep_sets_itself_or_the_analysis_would_pool_are_not_varied(sweep, message):
+    with pytest.raises(ConfigError, match=message):
+        points({"sweep": sweep})
+    if "arms" not in sweep:
+        assert len(points({"sweep": {"arms": {k: {"run.threads": 2}
+                                               for k in ("A", "B")}}})) == 2       # in arms, run.arm keeps them apart
+
+
 def test_points_in_different_studies_may_share_a_name():
     assert len(points({"sweep": {"grid": {"run.study": ["a b", "a_b"]}}})) == 2
 
@@ -163,6 +188,9 @@ def test_run_options_are_checked_before_anything_runs_or_is_submitted(job, tmp_p
     for args, message in ((["--set", "run.seed=3"], "--set run.seed: the sweep sets it on each point"),
                           (["--set", 'run.name="x"'], "--set run.name: the sweep sets it"),
                           (["--set", "algorithm.name='scaffold'"], "--set algorithm.name: the sweep sets it"),
+                          (["--set", "algorithm={name = 'fedavg'}"], "--set algorithm: the sweep sets it on each "
+                                                                     "point, or a key inside it"),
+                          (["--set", "data.partition_params={beta = 9.0}"], "--set data.partition_params: the sweep"),
                           (["--ntasks=3"], "--ntasks=3: not options of a run (hpcfl run --help); sbatch's go after")):
         for mode in (["--submit", "--script", str(job)], ["--index", "0"]):
             assert main([str(job), *mode, *args]) == 2
@@ -171,7 +199,7 @@ def test_run_options_are_checked_before_anything_runs_or_is_submitted(job, tmp_p
     assert "(argparse: unrecognized arguments: --ntasks=3)" in err
     assert not sbatch.exists()
     assert main([str(job), "--submit", "--script", str(job), "--set", "train.lr=0.05", "--", "--ntasks=3"]) == 0
-    assert sbatch.read_text().split()[-3:] == [str(job), "--set", "train.lr=0.05"]
+    assert sbatch.read_text().split()[-5:] == [str(job), "--job-digest", digest(str(job)), "--set", "train.lr=0.05"]
 
 
 def test_every_point_is_checked_before_the_array_is_submitted(job, tmp_path, sbatch, capsys):
@@ -222,11 +250,13 @@ def test_submit_takes_the_script_from_hpcfl_slurm_then_slurm_here_and_returns_sb
     monkeypatch.chdir(here)
     monkeypatch.setenv("HPCFL_SLURM", str(site))
     assert main([str(job), "--submit"]) == 0
-    assert sbatch.read_text().split() == ["--array=0-7", str(site / "sweep.sbatch"), str(job)]
+    assert sbatch.read_text().split() == ["--array=0-7", str(site / "sweep.sbatch"), str(job), "--job-digest",
+                                          digest(str(job))]
     monkeypatch.delenv("HPCFL_SLURM")
     monkeypatch.setenv("FAKE_EXIT", "3")
     assert main([str(job), "--submit", "--max-concurrent", "0", "--", "--time=5"]) == 3   # 0: no limit; sbatch's status
-    assert sbatch.read_text().split() == ["--array=0-7", "--time=5", "slurm/sweep.sbatch", str(job)]
+    assert sbatch.read_text().split() == ["--array=0-7", "--time=5", "slurm/sweep.sbatch", str(job), "--job-digest",
+                                          digest(str(job))]
     assert "hpcfl: 8 points: sbatch --array=0-7 --time=5 slurm/sweep.sbatch" in capsys.readouterr().out
     (here / "slurm" / "sweep.sbatch").unlink()
     monkeypatch.delenv("FAKE_EXIT")

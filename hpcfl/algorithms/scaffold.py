@@ -23,11 +23,12 @@ equal client sizes it is the paper's uniform mean. With unequal sizes the weight
 path: c is the uniform mean of the c_i, every client drifts along -c near convergence, so the fixed
 point is the paper's, where the *unweighted* mean of the clients' gradients is 0 (two clients with
 f_i = (x - b_i)^2 / 2, b = 0 and 10, sizes 9:1: SCAFFOLD's x goes to 5, FedAvg's objective's optimum
-is 1). On unequal client sizes SCAFFOLD and FedAvg minimise different objectives. Control variates cover the trained parameters;
-buffers (BatchNorm statistics) are averaged, and model.batchnorm = "local" is refused (a client would
-start from its own BatchNorm layers, not x). c_i starts at zero and is stored from the client's
-first participation on, on the CPU of its worker; a client that took no step (a one-sample batch on a
-BatchNorm model is skipped) keeps its c_i.
+is 1). On unequal client sizes SCAFFOLD and FedAvg minimise different objectives.
+
+Control variates cover the trained parameters; buffers (BatchNorm statistics) are averaged, and
+model.batchnorm = "local" is refused (a client would start from its own BatchNorm layers, not x).
+c_i starts at zero and is stored from the client's first participation on, on the CPU of its worker;
+a client that took no step (a one-sample batch on a BatchNorm model is skipped) keeps its c_i.
 """
 from dataclasses import dataclass
 

@@ -73,8 +73,7 @@ def resume_point(job: Resolved, ranks: int | None = None) -> tuple[bool, int, Pa
     except ResultsError as err:             # names what is wrong with it; resuming adds the way out
         raise ResultsError(f"{err}; to start the run again, move it and {checkpoints.name} away") from None
     existing = run.attrs
-    differ = _differences(_resumable(current_names(existing.get("config", {}), warn=False)),
-                          _resumable(json.loads(config.to_json())))
+    differ = mismatch(existing.get("config", {}), config)
     if differ:
         also = f" and its checkpoints ({checkpoints.name})" if checkpoints.exists() else ""
         raise ResultsError(f"result file {path} exists from a run with another configuration; choose another "
@@ -91,6 +90,12 @@ def resume_point(job: Resolved, ranks: int | None = None) -> tuple[bool, int, Pa
         raise ResultsError(f"{path} holds {run.rounds} rounds but its checkpoint is after round {found[0]}; the "
                            "result file is older than the checkpoint: move one of them away")
     return True, (found[0] if found else 0), (found[1] if found else None)
+
+
+def mismatch(recorded: dict, config) -> str:
+    """How the configuration a result file records differs from the job `config` where a resumed run may
+    not differ (the keys, both values); "" when the run may go on (or is the same)."""
+    return _differences(_resumable(current_names(recorded, warn=False)), _resumable(json.loads(config.to_json())))
 
 
 def _differences(old: dict, new: dict, shown: int = 3) -> str:
