@@ -584,6 +584,12 @@ def test_algorithm_rules_on_the_whole_job_are_named(job, message):
     assert message in str(err.value)
 
 
+def test_every_built_in_term_trains_its_clients_together():
+    """All of them run under vmap (tests/training/test_batched.py checks their numbers): none falls back
+    to one client at a time, which gives the same numbers, slower."""
+    assert [name for name, term in TERMS.items() if not term.batchable] == []
+
+
 def test_a_term_that_declares_nothing_asks_for_nothing():
     """The contract's defaults, which a plug-in term inherits: no anchors, no shared set, no client state
     (its clients may move), not run under vmap (its clients train one at a time), one view."""

@@ -56,8 +56,8 @@ def entry_path(folder: Path, name: str, sources: list[Path]) -> Path:
     """<name>-<where>-<fingerprint>.npz: `where` hashes the sources' folders (an entry to replace
     shares it), the fingerprint their paths, sizes, modification and change times, and DECODING (a copy
     that keeps the original's size and mtime, as `cp -p` or `rsync -a` make, still has a new ctime)."""
-    sources = [Path(p) for p in sources]        # one resolve a folder, one stat a file: CINIC-10's 270,000
-    folders = {parent: parent.resolve() for parent in {p.parent for p in sources}}   # files lie in 20 folders
+    # one resolve a folder, one stat a file: CINIC-10's 270,000 files lie in 20 folders
+    folders = {parent: parent.resolve() for parent in {p.parent for p in sources}}
     resolved = sorted(folders[p.parent] / p.name for p in sources)
     where = hashlib.sha256("\n".join(sorted({str(p.parent) for p in resolved})).encode()).hexdigest()[:8]
     stats = "\n".join([f"decoding {DECODING}", *(f"{p}\t{s.st_size}\t{s.st_mtime_ns}\t{s.st_ctime_ns}"

@@ -113,5 +113,6 @@ def test_a_flat_root_answers_only_for_the_set_its_files_hold(tmp_path):
     for path in tmp_path.glob("t10k-images*"):                 # Fashion-MNIST's brightness: the other way round
         path.write_bytes(idx_bytes(np.full((2, 28, 28), 74, np.uint8)))
     assert len(load_idx_set(FASHION_MNIST, tmp_path).test_x) == 2
-    with pytest.raises(DataError, match="holds Fashion-MNIST's files, not MNIST's"):
+    with pytest.raises(DataError, match=r"holds Fashion-MNIST's files, not MNIST's \(their test images' mean pixel "
+                                        r"is 0\.290;"):
         load_idx_set(MNIST, tmp_path)
