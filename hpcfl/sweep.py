@@ -165,7 +165,7 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
         todo = points(read_job_file(args.job))
         options = _check_run_options(args.job, launch_args, swept_keys(todo))
         if args.submit or args.list:
-            _check_points(args.job, run_overrides(options), todo)
+            jobs = _check_points(args.job, run_overrides(options), todo)
     except HpcflError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return Exit.BAD_INPUT
@@ -174,7 +174,8 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
             print(f"{i}\t{' '.join(overrides)}")
         return Exit.DONE
     if args.submit:
-        return submit(args, len(todo), launch_args, argv[split + 1:])
+        return submit(args, [i for i, job in enumerate(jobs) if not _complete(job)], len(todo), launch_args,
+                      argv[split + 1:])
     if args.job_digest not in (None, digest(args.job)):
         sys.stderr.write(f"hpcfl: error: {args.job} changed since the sweep was submitted: its points may have "
                          "moved, and array task i runs point i of the file as it is now. Re-submit the sweep (its "
@@ -191,16 +192,38 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
                   prog=prog)                  # the point's keys last, as _check_points resolves them
 
 
-def _check_points(job: str, overrides: list[str], todo: list[list[str]]) -> None:
+def _check_points(job: str, overrides: list[str], todo: list[list[str]]) -> list:
     """Every point resolved as its array task will resolve it (hpcfl.jobs.prepare), so that a bad key or
-    value is refused before sbatch, not in each task after its wait in the queue."""
+    value is refused before sbatch, not in each task after its wait in the queue; their jobs."""
     from hpcfl.jobs import prepare
 
+    jobs = []
     for i, point in enumerate(todo):
         try:
-            prepare(job, [*overrides, *point], allow_sweep=True)
+            jobs.append(prepare(job, [*overrides, *point], allow_sweep=True).config)
         except HpcflError as err:
             raise ConfigError(f"point {i} ({point[-1]}): {err}") from None
+    return jobs
+
+
+def _complete(job) -> bool:
+    """Whether a point's result file is complete, and of its configuration: its task would exit 0 at once,
+    after its wait in the queue, on a node allocated for nothing. (One of another configuration is
+    submitted: its task says so, exit 2.)"""
+    from hpcfl.status import state
+
+    return job.result_path.exists() and state(job.result_path, job)[0] == "complete"
+
+
+def array_spec(indices: list[int]) -> str:
+    """SLURM's --array list for `indices` (increasing): runs of consecutive ones as ranges, 0-3,5,7-9."""
+    runs, start = [], None
+    for i, index in enumerate(indices):
+        start = index if start is None else start
+        if i + 1 == len(indices) or indices[i + 1] != index + 1:
+            runs.append(str(start) if start == index else f"{start}-{index}")
+            start = None
+    return ",".join(runs)
 
 
 def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> argparse.Namespace:
@@ -241,8 +264,9 @@ def default_script() -> Path:
     return here if here.is_file() else TEMPLATES / "slurm" / "sweep.sbatch"
 
 
-def submit(args, count: int, launch_args: list[str], sbatch_args: list[str]) -> int:
-    """`sbatch --array=0-(count-1)[%K] [sbatch options] SCRIPT JOB [run options]`, printed, then run."""
+def submit(args, indices: list[int], count: int, launch_args: list[str], sbatch_args: list[str]) -> int:
+    """`sbatch --array=INDICES[%K] [sbatch options] SCRIPT JOB [run options]`, printed, then run: the
+    `indices` of the `count` points not complete yet."""
     script = Path(args.script) if args.script else default_script()
     if not script.is_file():
         sys.stderr.write(f"hpcfl: error: batch script {script} does not exist: pass --script PATH (hpcfl's "
@@ -251,9 +275,13 @@ def submit(args, count: int, launch_args: list[str], sbatch_args: list[str]) -> 
     if args.max_concurrent < 0:
         sys.stderr.write(f"hpcfl: error: --max-concurrent {args.max_concurrent} must be >= 1 (0: no limit)\n")
         return Exit.BAD_INPUT
-    array = f"--array=0-{count - 1}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
+    done = f", {count - len(indices)} complete" if len(indices) < count else ""
+    if not indices:
+        print(f"hpcfl: {count} points{done}: nothing to submit")
+        return Exit.DONE
+    array = f"--array={array_spec(indices)}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
     command = ["sbatch", array, *sbatch_args, str(script), args.job, "--job-digest", digest(args.job), *launch_args]
-    print(f"hpcfl: {count} points: {shlex.join(command)}", flush=True)
+    print(f"hpcfl: {count} points{done}: {shlex.join(command)}", flush=True)
     # where the script finds site.sh: beside the script as named (a link to hpcfl's own keeps this folder's)
     env = {**os.environ, "HPCFL_SLURM": str(script.absolute().parent)}
     try:

@@ -11,7 +11,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.init import TEMPLATES
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
-from hpcfl.sweep import digest, main, points, toml_value
+from hpcfl.sweep import array_spec, digest, main, points, toml_value
 
 SWEEP = """
 [run]
@@ -284,3 +284,26 @@ def test_submit_refuses_a_negative_limit_and_says_where_sbatch_is_missing(job, t
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main([str(job), "--submit", "--script", str(script)]) == 2
     assert "sbatch is not on PATH: submit from a SLURM login node" in capsys.readouterr().err
+
+
+def test_the_array_lists_runs_of_indices_as_ranges():
+    assert [array_spec(i) for i in ([0, 1, 2, 3], [0, 1, 2, 3, 5, 7, 8, 9], [4], [1, 3])] == ["0-3", "0-3,5,7-9", "4",
+                                                                                             "1,3"]
+
+
+def test_a_resubmitted_sweep_asks_only_for_the_points_not_complete(job, tmp_path, sbatch, capsys):
+    results = ["--results-root", str(tmp_path / "results")]
+    assert main([str(job), "--index", "5", *results]) == 0
+    capsys.readouterr()
+    assert main([str(job), "--submit", "--script", str(job), *results]) == 0
+    assert sbatch.read_text().split()[0] == "--array=0-4,6-7"
+    assert "hpcfl: 8 points, 1 complete: sbatch --array=0-4,6-7 " in capsys.readouterr().out
+    assert main([str(job), "--submit", "--script", str(job), *results, "--set", "train.lr=0.2"]) == 0
+    assert sbatch.read_text().split()[0] == "--array=0-7"            # another configuration: its task says so
+    one = tmp_path / "one.toml"
+    one.write_text(SWEEP.replace("seeds = [0, 1]", "seeds = [1]").replace('["fedavg", "fedprox"]', '["fedprox"]')
+                   .replace("[0.1, 0.5]", "[0.1]"))
+    sbatch.unlink()
+    assert main([str(one), "--submit", "--script", str(job), *results]) == 0
+    assert "hpcfl: 1 points, 1 complete: nothing to submit" in capsys.readouterr().out and not sbatch.exists()
+
