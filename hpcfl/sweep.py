@@ -151,7 +151,8 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     parser.add_argument("--list", action="store_true", help="check every point as its run will (keys, values, "
                                                            "plug-ins) and print them with their indices")
     parser.add_argument("--index", type=int, default=None, help="the point to run (default: $SLURM_ARRAY_TASK_ID)")
-    parser.add_argument("--submit", action="store_true", help="submit the points not complete as one SLURM job array (sbatch)")
+    parser.add_argument("--submit", action="store_true",
+                        help="submit the points not complete as one SLURM job array (sbatch)")
     parser.add_argument("--max-concurrent", type=int, default=0, metavar="K",
                         help="with --submit: at most K points run at once (--array=...%%K)")
     parser.add_argument("--script", default=None, help="with --submit: the batch script (default: sweep.sbatch in "
