@@ -165,6 +165,12 @@ def test_a_step_count_with_prox_needs_one_mu_on_every_parameter(algorithm, prox)
     job_from_dict({**raw, "algorithm": {"name": algorithm, "terms": {"prox": {"mu": 0.1}}}})
 
 
+@pytest.mark.parametrize("algorithm", ["fednova", "scaffold"])
+def test_a_step_count_needs_sgd(algorithm):
+    with pytest.raises(ConfigError, match=f"algorithm '{algorithm}' needs train.optimizer = \"sgd\""):
+        job_from_dict({"algorithm": {"name": algorithm}, "train": {"optimizer": "adam"}})
+
+
 def test_fednova_server_rescales_by_the_effective_steps():
     algo = make("fednova", Scalar())
     state = algo.init_server_state(Scalar(1.0))
