@@ -14,7 +14,9 @@ or becomes the k-th new neuron at gain
     |w/sigma^2 + mu0/sigma0^2|^2 / (1/sigma0^2 + 1/sigma^2) - |mu0|^2 / sigma0^2 - 2 log k + 2 log(gamma / J),
 
 and scipy's linear_sum_assignment picks the assignment of maximal total gain (eq. 3; at most
-max(max_width - L, 1) new neurons are offered). Clients are matched one at a time against all the
+max(max_width - L, 1) new neurons are offered, as in the authors' code, so a layer at max_width still
+grows by one a client, and a sweep's rematch may add one more; ours: never fewer than the client's
+neurons that no existing one can take, so each gets a column). Clients are matched one at a time against all the
 others: first in order of decreasing width (the widest seeds the global layer), then `sweeps` passes in
 random order, each removing the client and matching it again. The matched layer is the posterior mean
 s_i / p_i: the prior counts as one more neuron at mu0.
@@ -30,7 +32,7 @@ class Prior:
     sigma0: float = 1.0         # prior variance of global neurons
     gamma: float = 7.0          # Indian buffet process mass: larger, more new global neurons
     sweeps: int = 5             # random-order passes after the first
-    max_width: int = 700        # the global layer stops growing here (one new neuron per client at most beyond)
+    max_width: int = 700        # past this width each (re)match offers one new neuron, not max_width - L
     popularity_cap: int = 10    # c in log(c / (J - c)) is capped here
     bias_mean: float = 0.1      # prior mean of bias entries (weights: 0)
 
@@ -80,7 +82,7 @@ def _add(layer: _Global, w: np.ndarray, prior_sum, precision, precision0, prior:
     c = np.minimum(layer.counts, prior.popularity_cap)          # c <= J - 1: the client itself is out
     joined = (own[:, None] + 2.0 * (w @ layer.sums.T) + sums_sq[None, :]) / (p + precision)[None, :]
     gain_match = joined - (sums_sq / p)[None, :] + np.log(c / (J - c))[None, :]
-    offered = min(w.shape[0], max(prior.max_width - L, 1))
+    offered = min(w.shape[0], max(prior.max_width - L, w.shape[0] - L, 1))   # every neuron gets a column
     alone = ((w + prior_sum) ** 2).sum(1) / (precision0 + precision) - (prior_sum ** 2).sum() / precision0
     gain_new = alone[:, None] - 2.0 * np.log(np.arange(1, offered + 1))[None, :] + 2.0 * np.log(prior.gamma / J)
     rows, cols = linear_sum_assignment(np.hstack([gain_match, gain_new]), maximize=True)

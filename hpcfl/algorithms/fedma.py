@@ -96,6 +96,10 @@ class FedMA(Matching, Algorithm):
         if job.train.on_nonfinite == "drop":
             raise ConfigError("fedma matches every client's neurons within the round, so a client cannot be left "
                               "out of it: set train.on_nonfinite = 'stop'")
+        if job.eval.forgetting:
+            raise ConfigError("eval.forgetting measures how far a client's training moves it from the global model "
+                              "it started from, and a fedma client starts from its own-width slice of the global "
+                              "model (its first round: its own model): set eval.forgetting = false")
 
     def __init__(self, params, setup):
         super().__init__(params, setup)

@@ -10,7 +10,9 @@ for the LSTM's hidden-to-hidden weights, on which axis the layer's own neurons f
 On state dicts (name -> tensor) of any widths, that gives FedMA its operations:
 - `signature` / `with_signature`: the neurons as rows (incoming weights with conv kernels flattened,
   biases last) which BBP-MAP matches, and back; recurrent weights are not part of the signature
-  (the paper matches LSTMs on their input-to-hidden weights);
+  (the paper matches LSTMs on their input-to-hidden weights). An LSTM's signature holds both its
+  biases, bias_ih and bias_hh (ours: the authors' language_fedma.py matches on weight_ih and bias_ih
+  only; torch adds the two, so each is half of one bias);
 - `place` / `pick`: put a layer's neurons at given positions of a wider layer (zeros elsewhere) or
   take them back out; `place_inputs` / `pick_inputs` do the same to the next layer's inputs.
   Placing both preserves the network's function: a zero neuron outputs 0 (ReLU(0), and an LSTM unit

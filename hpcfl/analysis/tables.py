@@ -13,6 +13,8 @@ from hpcfl.analysis.results import MISSING, PER_ROUND, Results, completed, shown
 from hpcfl.data.splits import class_categories
 
 SELECTION = ("round/val_acc", "max")   # what picks a run's round: the global model on the clients' held-out data
+ROLES = ("dominant", "non-dominant", "missing")        # FedKA Definition 1
+
 
 
 def round_means(series: dict[str, np.ndarray], metric: str) -> np.ndarray | None:
@@ -199,12 +201,21 @@ def _nanmean(values, axis=None):
         return np.nanmean(values, axis=axis)
 
 
+def _nanmedian(values):
+    """np.nanmedian of all values, NaN without a warning where none is a number."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(values)
+
+
 def forgetting(results: Results, by: list[str], gamma: float | None = None) -> pd.DataFrame:
     """Per group: FedKA's forgetting degree (eq. 1) per class, averaged over rounds and sampled clients,
     then over the group's runs (runs made with eval.forgetting); and per class role of Definition 1
     (observation 1): over each client's dominant (training share >= gamma, default 1/classes),
-    non-dominant and missing classes, read from the run's partition. A run that did not complete is
-    left out and counted (`unfinished`), as in `summary`."""
+    non-dominant and missing classes, read from the run's partition, as the mean and the median of the
+    role's (round, client, class) values. Eq. 1 is unbounded below (a class the starting model scored 0
+    on and the trained one 0.3 gives -300), so a few such values can carry a mean; the median cannot.
+    A run that did not complete is left out and counted (`unfinished`), as in `summary`."""
     runs = results.runs.assign(done=completed(results.runs))
     rows, any_unfinished = [], not runs["done"].all()
     for key, group in _grouped(runs, by):
@@ -221,16 +232,16 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
             counts = series.get("partition")
             if counts is not None:
                 masks = class_categories(counts, gamma or 1.0 / counts.shape[1])
-                per_role.append([_nanmean(degree[:, m]) for m in masks])
+                per_role.append([average(degree[:, m]) for average in (_nanmean, _nanmedian) for m in masks])
         if per_class or unfinished:
-            roles = _nanmean(per_role, axis=0) if per_role else [np.nan] * 3
+            roles = _nanmean(per_role, axis=0) if per_role else [np.nan] * 6
             # strict=False: with no `by`, _grouped keys the one group "all", which names no column
             rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=False)),
                          "runs": len(per_class),
                          **({"unfinished": unfinished} if any_unfinished else {}),
                          **{f"class {c}": v for c, v in enumerate(np.mean(per_class, axis=0) if per_class else [])},
                          "all classes": float(np.mean(per_class)) if per_class else np.nan,
-                         **dict(zip(("dominant", "non-dominant", "missing"), roles, strict=True))})
+                         **dict(zip(ROLES + tuple(f"{role} median" for role in ROLES), roles, strict=True))})
     return pd.DataFrame(rows)
 
 

@@ -56,6 +56,16 @@ def test_small_unrelated_neurons_grow_the_layer_until_the_cap():
     assert capped.shape[0] == 7                     # at the cap a client may still add one neuron
 
 
+@pytest.mark.parametrize("sweeps", [0, 1, 5])
+def test_a_client_wider_than_the_cap_has_every_neuron_placed(sweeps):
+    """One client of 5 neurons, max_width 3: its rematch (a sweep) starts from an empty layer and is
+    offered 5 new neurons, not max(3 - 0, 1) = 3 that would leave two unplaced."""
+    w = np.random.default_rng(0).normal(size=(5, 4))
+    means, (assignment,) = match_neurons([w], np.zeros(4, dtype=bool), Prior(max_width=3, sweeps=sweeps), _rng())
+    assert sorted(assignment.tolist()) == [0, 1, 2, 3, 4] and means.shape == (5, 4)
+    np.testing.assert_allclose(means[assignment], w / (1 + 1))        # one client and the prior at 0, equal variances
+
+
 def _gains(w: float, sigma: float, sigma0: float, mu0: float, gamma: float) -> tuple[float, float]:
     """The module docstring's gains, written out for J = 2 clients each holding one bias neuron (w): the
     second joining the first's global neuron, or opening the first new one."""

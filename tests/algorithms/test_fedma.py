@@ -177,7 +177,7 @@ def test_one_shot_matching_beats_coordinate_wise_averaging_of_the_same_local_mod
     assert matched_acc > averaged_acc + 0.15, (matched_acc, averaged_acc)      # measured: 0.33 vs 0.10
 
 
-def test_partial_participation_terms_and_dropping_a_client_are_refused():
+def test_partial_participation_terms_dropping_a_client_and_forgetting_are_refused():
     base = {"algorithm": {"name": "fedma"}, "data": {"num_clients": 4}}
     with pytest.raises(ConfigError, match="clients_per_round = data.num_clients = 4"):
         job_from_dict({**base, "train": {"clients_per_round": 2}})
@@ -186,6 +186,9 @@ def test_partial_participation_terms_and_dropping_a_client_are_refused():
                        "algorithm": {"name": "fedma", "terms": {"prox": {}}}})
     with pytest.raises(ConfigError, match="a client cannot be left out of it: set train.on_nonfinite = 'stop'"):
         job_from_dict({**base, "train": {"clients_per_round": 4, "on_nonfinite": "drop"}})
+    with pytest.raises(ConfigError, match="starts from its own-width slice of the global model .*: set "
+                                          "eval.forgetting = false"):
+        job_from_dict({**base, "train": {"clients_per_round": 4}, "eval": {"forgetting": True}})
 
 
 def test_a_client_whose_model_is_not_finite_stops_the_run_before_its_neurons_are_matched():

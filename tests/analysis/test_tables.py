@@ -405,6 +405,9 @@ def test_forgetting_per_class_role_reads_each_clients_partition(tmp_path):
     row = forgetting(results, ["algorithm.name"]).iloc[0]
     assert row["dominant"] == pytest.approx((-0.5 - 0.2 + 0.0) / 3) and row["non-dominant"] == pytest.approx(0.7)
     assert row["missing"] == pytest.approx(0.85) and row["class 1"] == pytest.approx(0.35)
+    # the medians over the same cells: dominant -0.6, -0.4, -0.3, -0.1, -0.1, 0.1 over both rounds
+    assert (row["dominant median"], row["non-dominant median"], row["missing median"]) == pytest.approx((-0.2, 0.7,
+                                                                                                        0.85))
     strict = forgetting(results, ["algorithm.name"], gamma=0.9).iloc[0]          # no class reaches 90 %
     assert np.isnan(strict["dominant"]) and strict["non-dominant"] == pytest.approx(0.0)
     assert "unfinished" not in forgetting(results, ["algorithm.name"]).columns
