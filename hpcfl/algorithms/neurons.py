@@ -12,7 +12,7 @@ On state dicts (name -> tensor) of any widths, that gives FedMA its operations:
   biases last) which BBP-MAP matches, and back; recurrent weights are not part of the signature
   (the paper matches LSTMs on their input-to-hidden weights). An LSTM's signature holds both its
   biases, bias_ih and bias_hh (ours: the authors' language_fedma.py matches on weight_ih and bias_ih
-  only; torch adds the two, so each is half of one bias);
+  only; torch adds the two into each gate's one bias);
 - `place` / `pick`: put a layer's neurons at given positions of a wider layer (zeros elsewhere) or
   take them back out; `place_inputs` / `pick_inputs` do the same to the next layer's inputs.
   Placing both preserves the network's function: a zero neuron outputs 0 (ReLU(0), and an LSTM unit
