@@ -5,11 +5,12 @@ folder mixing complete, unfinished and corrupt files."""
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from hpcfl.analysis import load, render, rounds_to_target, summary, tidy
 from hpcfl.analysis.paired import compare
-from hpcfl.analysis.results import MISSING, bytes_exchanged, shown, truncate
+from hpcfl.analysis.results import MISSING, bytes_exchanged, mixed_keys, shown, truncate
 from hpcfl.analysis.tables import forgetting, statistic, time_and_bytes
 from hpcfl.analyze import main
 from hpcfl.metrics import Recorder
@@ -670,6 +671,17 @@ def test_a_grouped_command_names_the_keys_that_vary_within_its_groups(folder, ca
             "values together; add them to --by to tell them apart") in capsys.readouterr().err
     assert main([command, str(folder), *extra]) == 0                 # the default grouping: nothing mixed
     assert "also differ" not in capsys.readouterr().err
+
+
+def test_a_key_is_mixed_only_where_it_differs_inside_a_group_a_missing_value_and_a_missing_group_key_too():
+    runs = pd.DataFrame({"algorithm.name": ["fedavg", "fedavg", "fedprox", "fedprox", None, None],
+                         "train.lr": [0.1, 0.1, 0.2, 0.2, 0.1, 0.1],                 # constant in each group
+                         "train.mu": [None, 0.5, 0.5, 0.5, 0.5, 0.5],                # missing in one run of fedavg
+                         "data.beta": [0.1, 0.1, 0.1, 0.1, 0.1, 0.5],                # differs in the group of None
+                         "run.seed": [0, 1, 0, 1, 0, 1]})
+    assert mixed_keys(runs, ["algorithm.name"]) == ["train.mu", "data.beta"]
+    assert mixed_keys(runs, ["algorithm.name", "train.mu", "data.beta"]) == []
+    assert mixed_keys(runs, []) == ["algorithm.name", "train.lr", "train.mu", "data.beta"]     # one group: all
 
 
 @pytest.mark.parametrize(("command", "needed", "setting"),
