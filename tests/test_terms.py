@@ -585,8 +585,8 @@ def test_algorithm_rules_on_the_whole_job_are_named(job, message):
 
 
 def test_every_built_in_term_trains_its_clients_together():
-    """All of them run under vmap (tests/training/test_batched.py checks their numbers): none falls back
-    to one client at a time, which gives the same numbers, slower."""
+    """All of them run under vmap (tests/training/test_batched.py checks the numbers of a job with each):
+    none falls back to one client at a time, which gives the same numbers, slower."""
     assert [name for name, term in TERMS.items() if not term.batchable] == []
 
 

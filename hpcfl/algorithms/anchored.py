@@ -77,6 +77,7 @@ class WithAnchors:
             return self.inner.client_update(phase, round, client, downlink, model, trainer)
         self.inner.start_from(model, client, downlink["model"])
         setup = self.inner.setup
-        sums = local_anchors(model, client.inputs(), client.y, setup.job.eval.batch_size, setup.num_classes,
+        sums = local_anchors(model, client.inputs(), client.y, setup.job.eval.batch_size,
+                             (setup.num_classes, setup.feature_dim),
                              self.term.params.anchor_weighting, downlink.get(ANCHORS))
         return {ANCHORS: (sums, 1.0)}, {}

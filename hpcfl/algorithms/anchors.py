@@ -30,19 +30,16 @@ def initial_anchors(num_classes: int, dim: int) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def local_anchors(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, num_classes: int,
+def local_anchors(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, shape: tuple[int, int],
                   weighting: str, current: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """This client's contribution: per-class feature sums and counts (`samples`), or per-class means
-    with count 1 (`uniform`, the `current` global anchor standing in for a class the client lacks:
-    only this weighting needs the anchors before it sends)."""
+    """This client's contribution, of `shape` (classes, feature width): per-class feature sums and counts
+    (`samples`), or per-class means with count 1 (`uniform`, the `current` global anchor standing in for
+    a class the client lacks: only this weighting needs the anchors before it sends)."""
     model.eval()
-    sums = None
+    sums = torch.zeros(shape, dtype=torch.float64, device=x.device)
     for start in range(0, y.shape[0], batch_size):
-        features = model.features(x[start:start + batch_size]).double()
-        if sums is None:
-            sums = features.new_zeros(num_classes, features.shape[1])
-        sums.index_add_(0, y[start:start + batch_size], features)
-    counts = torch.bincount(y, minlength=num_classes).double()
+        sums.index_add_(0, y[start:start + batch_size], model.features(x[start:start + batch_size]).double())
+    counts = torch.bincount(y, minlength=shape[0]).double()
     return {"sums": sums, "counts": counts} if weighting == "samples" else uniform_contribution(sums, counts, current)
 
 

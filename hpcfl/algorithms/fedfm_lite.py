@@ -99,7 +99,8 @@ class FedFMLite(FedAvg):
         contributions = {}
         if ANCHORS in phase.uplink:
             contributions[ANCHORS] = (local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size,
-                                                    self.setup.num_classes, self.params.anchor_weighting,
+                                                    (self.setup.num_classes, self.setup.feature_dim),
+                                                    self.params.anchor_weighting,
                                                     downlink.get(ANCHORS)), 1.0)
         client.state.pop("model", None)
         client.state.pop("base", None)

@@ -9,12 +9,12 @@ far, in units of lr, tau_i steps of a constant unit gradient move the model, the
 through the momentum buffer as the gradient does (per step buf <- rho buf + 1 - lr mu a, a <- a +
 buf). That is the paper's sum over the steps' weights, and with momentum alone or mu alone the
 authors' optimiser's (JYWa/FedNova) closed forms; with both, their code adds the momentum counter and
-then the prox recurrence's 1, counting each step once more (a_i 15-50 % too large at rho 0.5-0.9; a
-factor common to all clients cancels in tau_eff * sum p d, a few % between clients remain): we take
-the exact count. As there, weight decay is part of the gradient (it does not enter a_i), and mu is
-the proximal pull: here the `prox` term's, which must pull every parameter by the same mu (scope
-"model", reduction "sum"). SCAFFOLD normalises its control variates by the same a_i
-(`normalising_steps`, `prox_lr_mu`).
+then the prox recurrence's 1, counting each step once more (a_i 15-50 % too large at rho 0.5-0.9 and
+lr mu K small, several times too large once lr mu K reaches 1; a factor common to all clients cancels
+in tau_eff * sum p d, differences between clients' step counts remain): we take the exact count. As
+there, weight decay is part of the gradient (it does not enter a_i), and mu is the proximal pull:
+here the `prox` term's, which must pull every parameter by the same mu (scope "model", reduction
+"sum"). SCAFFOLD normalises its control variates by the same a_i (`normalising_steps`, `prox_lr_mu`).
 tau_eff follows the paper (sum_i p_i a_i) also with a prox term, where the authors' code
 (`FedNova.average`) takes sum_i p_i tau_i, the raw step counts: with a prox term a_i < tau_i, so
 their server step is larger by sum p tau / sum p a (about 1.005 at lr mu = 1e-4 and tau = 100, 5x

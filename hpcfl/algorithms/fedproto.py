@@ -75,7 +75,8 @@ class FedProto(Personal):
         start = self.start_own(model, client)
         metrics = self.train(model, client, round, trainer, {**downlink, "model": start})
         self.keep_model(client, model)
-        sums = local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size, self.setup.num_classes,
+        sums = local_anchors(model, client.inputs(), client.y, self.setup.job.eval.batch_size,
+                             (self.setup.num_classes, self.setup.feature_dim),
                              "samples")
         return {ANCHORS: (sums, 1.0)}, metrics
 

@@ -25,24 +25,26 @@ Y = torch.tensor([0, 0, 2])                         # class 1 missing
 
 
 def test_local_anchors_weighted_are_sums_and_counts():
-    out = local_anchors(Identity(), X, Y, 2, 3, "samples")
+    out = local_anchors(Identity(), X, Y, 2, (3, 2), "samples")
     assert torch.equal(out["sums"], torch.tensor([[4.0, 2.0], [0.0, 0.0], [0.0, 4.0]], dtype=torch.float64))
     assert torch.equal(out["counts"], torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64))
+    empty = local_anchors(Identity(), X[:0], Y[:0], 2, (3, 2), "samples")          # a client with no samples
+    assert torch.equal(empty["sums"], torch.zeros(3, 2, dtype=torch.float64)) and not empty["counts"].any()
 
 
 def test_local_anchors_uniform_are_means_with_the_global_anchor_for_a_missing_class():
     current = {"anchors": torch.tensor([[9.0, 9.0], [5.0, 6.0], [7.0, 7.0]]), "known": torch.tensor([1.0, 1.0, 0.0])}
-    out = local_anchors(Identity(), X, Y, 2, 3, "uniform", current)
+    out = local_anchors(Identity(), X, Y, 2, (3, 2), "uniform", current)
     assert torch.equal(out["sums"], torch.tensor([[2.0, 1.0], [5.0, 6.0], [0.0, 4.0]], dtype=torch.float64))
     assert torch.equal(out["counts"], torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64))
-    unknown = local_anchors(Identity(), X, Y, 2, 3, "uniform", initial_anchors(3, 2))
+    unknown = local_anchors(Identity(), X, Y, 2, (3, 2), "uniform", initial_anchors(3, 2))
     assert unknown["counts"][1] == 0 and torch.equal(unknown["sums"][1], torch.zeros(2, dtype=torch.float64))
 
 
 def test_global_anchors_are_count_weighted_and_a_class_nobody_holds_keeps_its_anchor():
     current = {"anchors": torch.tensor([[0.0, 0.0], [5.0, 5.0], [0.0, 0.0]]), "known": torch.tensor([0.0, 1.0, 0.0])}
-    a = local_anchors(Identity(), X, Y, 2, 3, "samples")
-    b = local_anchors(Identity(), torch.tensor([[2.0, 2.0]]), torch.tensor([0]), 2, 3, "samples")
+    a = local_anchors(Identity(), X, Y, 2, (3, 2), "samples")
+    b = local_anchors(Identity(), torch.tensor([[2.0, 2.0]]), torch.tensor([0]), 2, (3, 2), "samples")
     update_anchors(current, {k: a[k] + b[k] for k in a})
     # class 0: (1 + 3 + 2, 0 + 2 + 2) / 3 samples; class 1: nobody -> kept; class 2: (0, 4) / 1
     assert torch.allclose(current["anchors"], torch.tensor([[2.0, 4 / 3], [5.0, 5.0], [0.0, 4.0]]))
@@ -91,7 +93,7 @@ def test_local_anchors_use_the_model_in_evaluation_mode_whatever_mode_it_arrives
 
     model, x, y = Net(), torch.randn(8, 3) * 3 + 1, torch.tensor([0, 1, 0, 1, 1, 1, 0, 0])
     model.train()
-    got = local_anchors(model, x, y, 3, 2, "samples")
+    got = local_anchors(model, x, y, 3, (2, 4), "samples")
     with torch.no_grad():
         model.eval()
         features = model.features(x).double()

@@ -312,6 +312,7 @@ CASES = {
     "fedntd": SGD, "fedka": SGD + ("algorithm.params.weight=1.0",),
     "fedfm": SGD + ("algorithm.params.start_round=1", "algorithm.params.weight=1.0"),
     "fedfm_lite": ADAM + ("algorithm.params.start_round=1", "algorithm.params.weight=1.0"),
+    "fednova-fm_l2": SGD + ("algorithm.terms.fm_l2.start_round=1", "algorithm.terms.fm_l2.weight=1.0"),
     "fedcme": SGD + ("train.local_epochs=2",), "fedproto": ADAM + HETEROGENEOUS,
     "fedclassavg": ADAM + HETEROGENEOUS + ("model.params={preactivation=true}",),
     # its warm-up, then its round: two train calls (not Adam: where a gradient is near zero Adam makes rounding
