@@ -661,6 +661,9 @@ def test_a_figure_that_some_runs_lack_shows_how_many_runs_it_is_over(tmp_path):
     assert table.iloc[0][["runs", "best_val_n"]].tolist() == [3, 1]
     assert render(table).splitlines()[2] == "| fedavg | 3 | 0.6333 ± 0.0471 | 0.5333 ± 0.0471 | 0.5000 | 1 |"
     assert "_n: the runs behind a figure that some completed runs lack" in table.attrs["legend"]
+    _write(tmp_path, "fedavg", 0.1, 3, [0.4], val=[0.6], status="failed")          # unfinished: in no figure
+    table = summary(load([tmp_path], metrics=("round/test_acc", "round/val_acc")), ["algorithm.name"])
+    assert table.iloc[0][["runs", "unfinished", "best_val_n"]].tolist() == [4, 1, 1] and "final_n" not in table
 
 
 @pytest.mark.parametrize("command", ["table", "personal", "time", "target"])
