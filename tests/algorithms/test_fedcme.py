@@ -388,6 +388,7 @@ def test_ablations_swap_what_they_name_with_whom_they_match(params, phases, swap
     assert [_sent(last[k])[:3] for k in range(5)] == [(float(b), float(w), [float(v) for v in c]) for b, w, c in sent]
     loss = 1.0 if params.get("exchange") == "none" else (1.0 * 2 + 2.0 * 2) / 4
     assert all(last[k][1] == {"train_loss": loss, "steps": 4.0} for k in range(5))
+    assert not any("half" in last[k][2] for k in range(5))          # the mid-round model is not kept past the round
     assert _close(state[FEATURES]["anchors"][0], [0.0, class_0])
 
 
@@ -496,6 +497,14 @@ def test_params_default_to_the_paper_and_are_frozen():
 def test_bad_configuration_names_the_key(params, terms, run, message):
     with pytest.raises(ConfigError, match=message):
         _job(params, terms, **run)
+
+
+def test_the_contracts_rules_hold_too():
+    """FedCME's check adds to FedAvg's and the contract's: clients of several architectures are refused."""
+    with pytest.raises(ConfigError, match="algorithm 'fedcme' shares whole models, so every client needs the same"):
+        job_from_dict({"algorithm": {"name": "fedcme"}, "model": {"architectures": ["fmnist_cnn_narrow", "fmnist_cnn"]},
+                       "data": {"num_clients": 4}, "train": {"clients_per_round": 2}})
+    assert FedCME.traits.batched and FeatureAlignment.batchable      # tests/training/test_batched.py: its numbers
 
 
 def test_moon_is_taken_where_a_client_trains_once_a_round():
