@@ -52,12 +52,12 @@ def cache_folder() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpcfl"
 
 
-def entry_path(folder: Path, name: str, sources: list[Path]) -> Path:
+def entry_path(folder: Path, name: str, sources: list[Path | str]) -> Path:
     """<name>-<where>-<fingerprint>.npz: `where` hashes the sources' folders (an entry to replace
     shares it), the fingerprint their paths, sizes, modification and change times, and DECODING (a copy
     that keeps the original's size and mtime, as `cp -p` or `rsync -a` make, still has a new ctime)."""
-    # one resolve a folder, one stat a file: CINIC-10's 270,000 files lie in 20 folders
-    folders = {parent: parent.resolve() for parent in {p.parent for p in sources}}
+    sources = [Path(p) for p in sources]        # one resolve a folder, one stat a file: CINIC-10's 270,000
+    folders = {parent: parent.resolve() for parent in {p.parent for p in sources}}   # files lie in 20 folders
     resolved = sorted(folders[p.parent] / p.name for p in sources)
     where = hashlib.sha256("\n".join(sorted({str(p.parent) for p in resolved})).encode()).hexdigest()[:8]
     stats = "\n".join([f"decoding {DECODING}", *(f"{p}\t{s.st_size}\t{s.st_mtime_ns}\t{s.st_ctime_ns}"
@@ -72,7 +72,7 @@ def _stat(path: Path) -> os.stat_result:
         raise DataError(f"cannot read {path} ({err.strerror}); restore it or re-extract the archive") from err
 
 
-def cached(name: str, sources: list[Path], decode: Callable[[bool], Arrays], train_images: bool) -> Arrays:
+def cached(name: str, sources: list[Path | str], decode: Callable[[bool], Arrays], train_images: bool) -> Arrays:
     """`decode(train_images)`'s arrays (train_x, train_y, test_x, test_y; train_x None when not
     `train_images`), from the cache when it holds an entry for these sources. A miss decodes; a
     decode of everything (train_images) is stored for the next run."""

@@ -82,6 +82,8 @@ def test_a_copy_keeping_the_size_and_mtime_is_decoded_again_and_a_linked_root_sh
     (tmp_path / "linked").symlink_to(tmp_path / "data")
     entries = list(cache.glob("mnist-*.npz"))
     assert _same(load_dataset("mnist", tmp_path / "linked"), after) and list(cache.glob("mnist-*.npz")) == entries
+    sources = sorted((tmp_path / "data" / "mnist").iterdir())
+    assert entry_path(cache, "mnist", [str(p) for p in sources]) == entry_path(cache, "mnist", sources)   # str too
 
 
 def test_a_source_file_that_is_gone_is_named_with_the_fix(cache, tmp_path):
