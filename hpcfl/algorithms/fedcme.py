@@ -205,8 +205,7 @@ class FedCME(Swapping, FedAvg):
         if phase.name == "second":
             load_state(model, client.state["half"])
             epochs = range(self.half, E)
-        else:
-            client.state.pop("half", None)
+        else:                                   # "half" is set afresh below, or never (exchange = "none")
             client.state.pop("half_loss", None)
             client.term_state.pop(self.alignment.name, None)
             self.start_from(model, client, downlink["model"])
