@@ -51,11 +51,9 @@ def state(path: Path, expected=None) -> tuple[str, str, str]:
 def sweep_jobs(job: str, overrides: list[str]) -> dict[Path, object]:
     """Each point of the sweep in `job`, with the --set `overrides` it ran with: its result file -> its job."""
     from hpcfl.config import read_job_file
-    from hpcfl.jobs import load_job
-    from hpcfl.sweep import points
+    from hpcfl.sweep import point_jobs, points
 
-    jobs = [load_job(job, [*overrides, *point], allow_sweep=True) for point in points(read_job_file(job))]
-    return {config.result_path: config for config in jobs}
+    return {config.result_path: config for config in point_jobs(job, overrides, points(read_job_file(job)))}
 
 
 def main(argv=None, prog: str = "hpcfl status") -> int:

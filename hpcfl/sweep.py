@@ -166,7 +166,7 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
         todo = points(read_job_file(args.job))
         options = _check_run_options(args.job, launch_args, swept_keys(todo))
         if args.submit or args.list:
-            jobs = _check_points(args.job, run_overrides(options), todo)
+            jobs = point_jobs(args.job, run_overrides(options), todo)
     except HpcflError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return Exit.BAD_INPUT
@@ -190,10 +190,10 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     from hpcfl.launch import main as launch
 
     return launch([args.job, *launch_args, *(a for o in todo[int(index)] for a in ("--set", o))], allow_sweep=True,
-                  prog=prog)                  # the point's keys last, as _check_points resolves them
+                  prog=prog)                  # the point's keys last, as point_jobs resolves them
 
 
-def _check_points(job: str, overrides: list[str], todo: list[list[str]]) -> list:
+def point_jobs(job: str, overrides: list[str], todo: list[list[str]]) -> list:
     """Every point resolved as its array task will resolve it (hpcfl.jobs.prepare), so that a bad key or
     value is refused before sbatch, not in each task after its wait in the queue; their jobs."""
     from hpcfl.jobs import prepare
