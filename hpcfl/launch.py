@@ -100,7 +100,8 @@ _ctrl_c = False         # a Ctrl-C has asked for the checkpoint: the next one ab
 def _stop(sig, frame) -> None:
     """A stop signal: checkpoint after the current round (the first, if set-up is still running) and
     exit 3, so that no finished round is lost. A second Ctrl-C aborts at once (KeyboardInterrupt, as
-    Python's own handler would); a first one after SLURM's TERM or USR1 still waits for the checkpoint."""
+    Python's own handler would; under mpiexec Hydra kills the ranks before it runs); a first one after
+    SLURM's TERM or USR1 still waits for the checkpoint."""
     global _ctrl_c
     from hpcfl.runtime.resume import STOP
 
@@ -291,7 +292,10 @@ def _main(args: argparse.Namespace, allow_sweep: bool) -> int:
                 _finish(job, "failed")
             finally:                          # even if the file cannot be written (a full disk)
                 _abort(transport, err)
-        _finish(job, status)
+        try:
+            _finish(job, status)
+        except BaseException as err:          # noqa: BLE001 — a full disk at the end must still end every rank
+            _abort(transport, err)
         transport.close()
     # mpiexec returns the bitwise OR of the ranks' codes: after an orderly end only the server's counts.
     return code if transport.is_server else Exit.DONE

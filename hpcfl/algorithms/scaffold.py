@@ -48,6 +48,10 @@ class Scaffold(FedAvg):
     class Params:
         server_lr: float = 1.0            # eta_g, the server's step on the averaged model change
 
+        def __post_init__(self):
+            if self.server_lr <= 0:           # 0 would freeze the model while the control variates move
+                raise ValueError(f"server_lr = {self.server_lr} must be > 0 (the paper's eta_g; 1 is plain averaging)")
+
     traits = Traits(batched=True,
                     sgd_only="its option II control variates divide the model change by lr times the SGD step count",
                     shared_batchnorm="its control variates measure the model change from the received model")

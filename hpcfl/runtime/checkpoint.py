@@ -43,7 +43,11 @@ def _write(path: Path, obj) -> str:
     """torch.save `obj` to `path` atomically; returns the SHA-256 of what was written."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    data = buffer.getvalue()
+    return _write_bytes(path, buffer.getvalue())
+
+
+def _write_bytes(path: Path, data: bytes) -> str:
+    """`data` to `path`: written to a temporary name, flushed to disk, renamed; returns its SHA-256."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -70,17 +74,22 @@ def save(root: Path, rounds_done: int, transport, server_state: dict | None, sha
     files = {name: digest for part in transport.share(mine) for name, digest in part.items()}
     if not transport.is_server:
         return
-    tmp = partial / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"rounds_done": rounds_done, "world_size": transport.size, "format": FORMAT,
-                               "files": files}))
-    os.replace(tmp, partial / MANIFEST)
+    _write_bytes(partial / MANIFEST, json.dumps({"rounds_done": rounds_done, "world_size": transport.size,
+                                                 "format": FORMAT, "files": files}).encode())
     final = root / f"round-{rounds_done:06d}"
     if final.exists():                    # an earlier attempt at the same round (a rerun): replace it
         shutil.rmtree(final)
     os.replace(partial, final)
+    _prune(root, rounds_done, keep)
+
+
+def _prune(root: Path, rounds_done: int, keep: int) -> None:
+    """Keep the newest `keep` checkpoints up to `rounds_done`. One further on (a damaged one this run
+    resumed before) and a `.partial` one (left by a rank killed while writing) are stale: removed too."""
     complete = sorted(d for d in root.glob("round-*") if d.suffix != ".partial")
-    stale = list(root.glob("round-*.partial"))          # left by a rank killed while writing
-    for old in complete[:-keep] + stale:
+    newer = [d for d in complete if int(d.name.split("-")[1]) > rounds_done]
+    kept = [d for d in complete if d not in newer]
+    for old in kept[:-keep] + newer + list(root.glob("round-*.partial")):
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -86,37 +86,54 @@ def _create(path: Path, me: dict) -> bool:
     return True
 
 
-def _owner(path: Path) -> dict:
+def _read(path: Path) -> str | None:
+    """The lock's text (None when it is gone or unreadable)."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _owner(text: str | None) -> dict:
     """The lock's owner as it wrote itself ({} when unreadable)."""
     try:
-        owner = json.loads(path.read_text())
-    except (OSError, ValueError):
+        owner = json.loads(text or "")
+    except ValueError:
         return {}
     return owner if isinstance(owner, dict) else {}
 
 
-def _take_over(path: Path, result_path: Path, me: dict) -> bool:
-    """Take over the lock if its owner is gone or silent, else raise ResultsError naming the owner;
-    False if the lock went before it could be judged."""
-    owner = _owner(path)
-    temporary = path.with_name(f"{path.name}.{me['pid']}")
-    temporary.write_text(json.dumps(me))
+def _take_over(path: Path, result_path: Path, me: dict) -> None:
+    """Remove the lock if its owner is gone or silent, else raise ResultsError naming the owner. The
+    caller then creates the lock (O_EXCL), so of two runs taking over one stale lock at once only one
+    ends up owning it."""
+    text = _read(path)
+    owner = _owner(text)
+    unique = path.with_name(f"{path.name}.{me['host']}-{me['pid']}")
+    unique.write_text("")                               # its mtime is the file system's now
     try:
-        silent = _silent_s(path, temporary)
-    except FileNotFoundError:
-        temporary.unlink()
-        return False
+        silent = _silent_s(path, unique)
+    except FileNotFoundError:                           # released meanwhile
+        unique.unlink()
+        return
     if not _gone(owner, me) and silent <= STALE_S:
-        temporary.unlink()
+        unique.unlink()
         raise ResultsError(f"{result_path} is being written by another run ({_describe(owner)}; lock file "
                            f"{path}, refreshed {silent:.0f} s ago). Wait for it, or choose another run.name; "
                            f"a lock not refreshed for {STALE_S:.0f} s is taken over by the next run")
+    try:
+        os.replace(path, unique)                        # one rename of the lock: only one run gets it
+    except FileNotFoundError:                           # another run took it first
+        unique.unlink()
+        return
+    if _read(unique) != text:                           # what we moved is the lock another run just made
+        os.replace(unique, path)                        # put it back: that run owns the file
+        return
+    unique.unlink()
     if not _gone(owner, me):
         logging.getLogger(__name__).warning(f"taking over {path}: its owner ({_describe(owner)}) has not "
                                             f"refreshed it for {silent:.0f} s (more than {STALE_S:.0f} s), "
                                             "so it is gone")
-    os.replace(temporary, path)                         # take over the stale lock in one step
-    return True
 
 
 def claim(result_path: Path) -> None:
@@ -125,8 +142,8 @@ def claim(result_path: Path) -> None:
     created = [folder for folder in path.parents if not folder.exists()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        while not _create(path, me) and not _take_over(path, result_path, me):
-            pass                                        # its owner released it meanwhile: try again
+        while not _create(path, me):
+            _take_over(path, result_path, me)           # refuses, or removes a lock whose owner is gone
     except OSError as err:                              # a file in the way, no permission, a read-only mount
         raise ResultsError(f"cannot write in the results folder {path.parent} ({err.strerror}): choose another "
                            "run.results_root (--results-root) or run.study") from None
@@ -144,7 +161,7 @@ def writing(result_path: Path) -> bool:
     system's clock where a probe can be written next to it (else this machine's: a reader may not
     write there), and its owner is not provably gone (a dead process on this node)."""
     path, me = lock_path(result_path), _me()
-    owner = _owner(path)
+    owner = _owner(_read(path))
     if owner.get("pid") != me["pid"] and _gone(owner, me):     # (this process asking: it is the writer)
         return False
     probe = path.with_name(f"{path.name}.probe-{socket.gethostname()}-{os.getpid()}")

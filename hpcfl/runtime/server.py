@@ -14,6 +14,7 @@ import torch
 
 from hpcfl.algorithms.base import Algorithm, owned
 from hpcfl.algorithms.phases import MatchPhase, Phase
+from hpcfl.errors import PayloadError
 from hpcfl.metrics.feature_space import feature_quality
 
 
@@ -56,6 +57,9 @@ class Server:
         start = time.perf_counter()
         shared, replies = self.algorithm.match(phase, round, self.state,
                                                {c: torch.from_numpy(v) for c, v in gathered.items()})
+        if replies.keys() != gathered.keys():           # a client left out would get an empty reply
+            raise PayloadError(f"{self.algorithm.name}.match answered clients {sorted(replies)}, not the gathered "
+                               f"{sorted(gathered)}: a matching phase replies to each gathered client")
         as_numpy = lambda t: t.detach().to(torch.float64).cpu().numpy().ravel()      # noqa: E731
         out = as_numpy(shared), {c: as_numpy(t) for c, t in replies.items()}
         self.compute_s += time.perf_counter() - start

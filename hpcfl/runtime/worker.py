@@ -107,8 +107,8 @@ class Worker:
             for cid in hosted:
                 client = self.clients[cid]
                 model = self.algorithm.client_model(client, self.models[client.architecture])
-                kept = _moved(client.kept(), lambda t: t.to(self.device))   # put back after the pass
-                client.keep(_moved(kept, torch.clone))                      # the update may change these in place
+                kept = client.kept()                                        # put back after the pass, as it was
+                client.keep(_moved(kept, lambda t: t.to(self.device, copy=True)))  # the update may change these
                 try:
                     self.algorithm.client_update(phase, round, client, _received(downlink, replies, cid), model,
                                                  recording)

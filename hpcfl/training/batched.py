@@ -25,7 +25,9 @@ results equal the sequential ones to float rounding, BatchNorm included (each cl
 statistics are its own), though Adam turns the rounding of a near-zero gradient (a convolution's bias
 before BatchNorm) into a full step (docs/benchmarks/gpu.md). Randomness inside the model (dropout) is
 drawn per client from torch's global generator on the sequential path, which vmap cannot reproduce:
-such models are refused, naming the key.
+such models are refused, naming the key. A parameter the loss never reaches keeps its value and
+optimizer state, as torch.optim keeps one without a gradient (Adam counts the group's steps, so one
+reached on only some steps would take torch's bias correction only if reached on all).
 Mixed precision (train.precision = "bf16") is refused: torch's autocast does not reach the layers under
 vmap. A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
 one client at a time from the same records, and the log says so once.
@@ -125,6 +127,11 @@ class Optimizer:
         captured step reads the current one."""
         cfg, new, slots = self.cfg, {}, {slot: {} for slot in self.slots}
         for n, p in params.items():
+            if grads[n] is None:            # outside the loss: kept, state and all, as torch.optim does
+                new[n] = p
+                for slot in self.slots:
+                    slots[slot][n] = state[slot][n]
+                continue
             g = grads[n].add(p, alpha=cfg.weight_decay) if cfg.weight_decay else grads[n]
             if cfg.optimizer == "adam":
                 beta1, beta2 = cfg.betas
@@ -159,7 +166,11 @@ def _stack(name: str, values: list):
     if isinstance(first, torch.Tensor) or (isinstance(first, dict) and
                                            all(isinstance(v, torch.Tensor) for v in first.values())):
         return _PerClient(_stacked(name, values))
-    if all(type(v) is type(first) and v == first for v in values):
+    try:
+        same = all(type(v) is type(first) and bool(v == first) for v in values)
+    except (RuntimeError, ValueError, TypeError):       # lists of tensors, arrays: no single truth to compare
+        same = False
+    if same:
         return first
     raise Unbatchable(f"'{name}' differs between clients and is not a tensor")
 
@@ -362,7 +373,8 @@ class _Group:
         with torch.enable_grad():
             loss = vmap(self.loss_of, in_dims=(0, 0, 0, 0, 0, None if second is None else 0),
                         randomness="error")(params, buffers, own, x, y, second)
-            grads = dict(zip(params, torch.autograd.grad(loss.sum(), list(params.values())), strict=True))
+            grads = dict(zip(params, torch.autograd.grad(loss.sum(), list(params.values()), allow_unused=True),
+                             strict=True))
         new, slots = self.optimizer.step({n: v.detach() for n, v in params.items()}, grads,
                                          _select(self.slots, part), self.count)
         _put(self.params, part, new)

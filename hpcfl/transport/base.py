@@ -71,7 +71,7 @@ class Transport(ABC):
 
     @abstractmethod
     def gather(self, name: str, items: dict[int, np.ndarray]) -> dict[int, np.ndarray] | None:
-        """Per-client buffers of every rank, collected on the server (None elsewhere)."""
+        """Per-client buffers of every rank, collected on the server in client order (None elsewhere)."""
 
     @abstractmethod
     def scatter(self, name: str, items: dict[int, np.ndarray] | None, clients: list[int]) -> dict[int, np.ndarray]:

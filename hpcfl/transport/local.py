@@ -13,7 +13,7 @@ class LocalTransport(Transport):
         return np.asarray(array, dtype=np.float64)
 
     def gather(self, name, items):
-        return dict(items)
+        return dict(sorted(items.items()))
 
     def scatter(self, name, items, clients):
         return {c: items[c] for c in clients}

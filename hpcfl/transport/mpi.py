@@ -177,7 +177,7 @@ class MpiTransport(Transport):
             for cid, length in zip(cids, lens, strict=True):
                 out[int(cid)] = all_data[d:d + length]
                 d += length
-        return out
+        return dict(sorted(out.items()))
 
     def _gatherv(self, array, sizes):
         recv = None

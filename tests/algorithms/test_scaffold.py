@@ -8,6 +8,7 @@ from algorithms.helpers import make
 from torch import nn
 
 from hpcfl.algorithms.base import Client
+from hpcfl.errors import ConfigError
 from hpcfl.testing import StepTrainer
 from hpcfl.training import LocalTrainer
 
@@ -129,3 +130,7 @@ def test_scaffold_params_default_to_the_papers_server_step_and_are_frozen():
     assert params.server_lr == 1.0                  # eta_g = 1: x <- mean of the y_i (Algorithm 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.server_lr = 0.5
+    for bad in (0.0, -1.0):
+        with pytest.raises(ConfigError, match=rf"server_lr = {bad} must be > 0"):
+            algorithm_params("scaffold", {"server_lr": bad})
+    assert algorithm_params("scaffold", {"server_lr": 0.5}).server_lr == 0.5

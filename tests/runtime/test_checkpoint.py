@@ -98,6 +98,18 @@ def test_only_the_newest_keep_checkpoints_stay_and_a_rerun_round_replaces_its_ow
     assert load(tmp_path / "round-000003", "shared.pt") == {"at": "again"}
 
 
+def test_a_checkpoint_further_on_than_the_one_saved_is_stale_and_never_crowds_it_out(tmp_path):
+    """After a damaged round-3 checkpoint the run resumed from round 1; its round-2 checkpoint is the one
+    to keep, not the damaged one that sorts after it."""
+    for rounds in (1, 3):
+        save(tmp_path, rounds, LocalTransport({}), {}, {"at": rounds}, {}, keep=2)
+    (tmp_path / "round-000003" / "shared.pt").write_bytes(b"damaged")
+    save(tmp_path, 2, LocalTransport({}), {}, {"at": 2}, {}, keep=1)
+    assert sorted(d.name for d in tmp_path.iterdir()) == ["round-000002"]
+    assert latest(tmp_path, None) == (2, tmp_path / "round-000002")
+    assert json.loads((tmp_path / "round-000002" / MANIFEST).read_text())["rounds_done"] == 2
+
+
 def test_an_old_checkpoint_that_cannot_be_removed_does_not_fail_the_new_one(tmp_path, monkeypatch):
     import os
     rmdir = os.rmdir

@@ -104,6 +104,27 @@ def test_a_failure_that_cannot_be_written_to_the_result_file_still_ends_the_job(
     assert "failed in round 1:" in capsys.readouterr().err
 
 
+def test_a_result_file_that_cannot_be_closed_after_the_last_round_fails_the_job_through_the_abort(
+        tiny_job, tmp_path, monkeypatch, capsys):
+    """Marking the file "completed" raises (a full disk): the run ends with the failure's code and the
+    rank's failure line, as an abort that ends every rank under MPI, not a bare traceback."""
+    from hpcfl.metrics import Recorder
+
+    set_attr = Recorder.set_attr
+
+    def full(self, name, value):
+        if value == "completed":
+            raise OSError("No space left on device")
+        set_attr(self, name, value)
+
+    monkeypatch.setattr(Recorder, "set_attr", full)
+    with pytest.raises(SystemExit) as stop:
+        main([str(tiny_job(rounds=2)), "--results-root", str(tmp_path)])
+    assert stop.value.code == Exit.FAILED
+    assert re.search(r"hpcfl: rank 0 on \S+ failed in round 2:\n.*No space left on device", capsys.readouterr().err,
+                     re.S)
+
+
 def _nan_run(tiny_job, tmp_path, policy, ranks=0, algorithm="fedavg", timeout_s=1800):
     """Client 1 trains on NaN inputs in round 2 of 4; every client is sampled every round."""
     return launch(tiny_job(algorithm, rounds=4), "--results-root", tmp_path, "--set", "train.clients_per_round=6",

@@ -198,6 +198,31 @@ def test_a_lock_released_while_a_claim_judges_it_is_claimed_afresh(tmp_path, mon
     release()
 
 
+def test_of_two_runs_taking_over_one_stale_lock_at_once_only_one_owns_it(tmp_path, monkeypatch):
+    """Run A takes the stale lock over (and makes its own) while this run is judging the stale one:
+    this run must leave A's lock in place and refuse, not overwrite it and write the file alongside A."""
+    from hpcfl.runtime import lock
+
+    path = tmp_path / "run.h5"
+    _write_lock(path, job="", host="node-3", pid=4242)
+    long_ago = time.time() - lock.STALE_S - 30
+    os.utime(lock_path(path), (long_ago, long_ago))
+    judge = lock._silent_s
+
+    def other_run_takes_over(lock_file, probe):
+        silent = judge(lock_file, probe)
+        if json.loads(lock_file.read_text())["pid"] == 4242:
+            lock_file.unlink()
+            lock_file.write_text(json.dumps({"job": "", "host": "node-9", "pid": 777}))
+        return silent
+
+    monkeypatch.setattr(lock, "_silent_s", other_run_takes_over)
+    with pytest.raises(ResultsError, match="host node-9, pid 777"):
+        claim(path)
+    assert json.loads(lock_path(path).read_text())["pid"] == 777
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5.lock"]      # no temporary left
+
+
 def test_a_results_folder_that_cannot_be_made_or_written_is_refused_naming_it(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ResultsError, match=r"cannot write in the results folder .*afile/study \(Not a directory\): "

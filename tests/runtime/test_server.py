@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hpcfl.algorithms.phases import MatchPhase, Phase
-from hpcfl.errors import HpcflError
+from hpcfl.errors import HpcflError, PayloadError
 from hpcfl.payload import Layout
 from hpcfl.runtime.server import Server
 
@@ -80,6 +80,9 @@ def test_a_matching_phase_answers_every_rank_and_each_client_in_float64():
     assert shared.dtype == np.float64 and shared.tolist() == [1.0, 1.0, 1.0]
     assert {c: r.tolist() for c, r in replies.items()} == {4: [3.0, 4.0], 9: [2.0]}
     assert replies[4].dtype == np.float64
+    server.algorithm.match = lambda phase, round, state, gathered: (torch.ones(1), {4: gathered[4]})
+    with pytest.raises(PayloadError, match=r"stub.match answered clients \[4\], not the gathered \[4, 9\]"):
+        server.match(MatchPhase("match"), 0, {4: np.array([1.5]), 9: np.array([1.0])})
 
 
 def test_the_server_evaluates_on_the_test_set_and_on_the_clients_held_out_samples_when_it_has_them():

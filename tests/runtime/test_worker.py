@@ -279,6 +279,18 @@ def test_batched_clients_train_in_one_group_and_an_in_place_state_change_happens
     np.testing.assert_array_equal(rows[:, 0], [0.5] * 3)
 
 
+def test_the_recording_passes_leave_each_clients_state_as_it_was_on_the_cpu():
+    """The passes run the updates on the worker's device (a stand-in here) and put each client's own
+    CPU state back: a client dropped after the round starts from it, not from a copy left on the GPU."""
+    worker = _batched_worker(trains={0, 1, 2})
+    worker.device = torch.device("meta")
+    worker._trainer(PHASE, 0, [0, 1, 2], {}, None)
+    assert worker.algorithm.updates == 3 * 2
+    for client in worker.clients.values():
+        kept = client.state["scripted"]["c"]
+        assert kept.device.type == "cpu" and kept.tolist() == [7.0, 7.0]
+
+
 def test_a_phase_without_training_is_recorded_for_its_first_client_only():
     """No `train` call in the first update: nothing to batch, the clients run one after another (the
     recording pass stops at once: one update more than the clients), and each state changes once."""

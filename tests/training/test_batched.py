@@ -154,6 +154,25 @@ def test_clients_trained_together_match_one_by_one(setting, model_name):
             torch.testing.assert_close(value, alone[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("setting", ["sgd", "adam"])
+def test_a_parameter_outside_the_loss_keeps_its_value_as_one_by_one(setting):
+    """A plug-in model's spare layer gets no gradient: kept, with its momentum or Adam moments, as
+    torch.optim keeps it, while the rest trains as it would alone."""
+    trainer, clients = _trainer(setting), _clients()[:2]
+    model, _ = _start()
+    model.spare = nn.Linear(3, 3)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    trained = Trained(trainer, BatchedTrainer(trainer, [model], group=2).train(_record(trainer, model, clients, start)))
+    for client in clients:
+        load_state(model, start)
+        trainer.train(model, client, 2)
+        alone = {k: v.clone() for k, v in model.state_dict().items()}
+        trained.train(model, client, 2)
+        assert torch.equal(model.spare.weight, start["spare.weight"])
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(value, alone[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def _sequential(trainer, model, client, start, terms, received=lambda client: {}):
     """What `train` gives a client alone from `start`: its metrics, and its terms' attributes after."""
     load_state(model, start)
@@ -249,6 +268,10 @@ def test_a_value_the_group_shares_is_set_once_and_values_that_differ_stack_or_ar
     assert _stack("T.mu", [0.5, 0.5]) == 0.5
     with pytest.raises(Unbatchable, match="'T.mu' differs between clients and is not a tensor"):
         _stack("T.mu", [0.5, 0.25])
+    for differing in ([[torch.ones(2)], [torch.zeros(2)]], [np.ones(2), np.zeros(2)]):    # no plain == to ask
+        with pytest.raises(Unbatchable, match="'T.x' differs between clients and is not a tensor"):
+            _stack("T.x", differing)
+    assert _stack("T.x", [[1, 2], [1, 2]]) == [1, 2]
 
 
 def test_each_group_trains_with_what_its_own_clients_share_and_the_terms_are_left_plain():

@@ -169,7 +169,7 @@ def test_gather(make_transport, placement):
     sent = 8 * sum(LENGTHS[c] for c in mine)
     if t.is_server:
         assert out is not None
-        assert sorted(out) == list(range(N_CLIENTS))
+        assert list(out) == list(range(N_CLIENTS))              # client order, whatever the placement
         for c in range(N_CLIENTS):
             assert np.array_equal(out[c], client_buf(c, LENGTHS[c])), c
         assert stats.received["layers"] == 8 * sum(LENGTHS) - sent
