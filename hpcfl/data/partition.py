@@ -31,6 +31,7 @@ from hpcfl.plugins import Registry
 from hpcfl.seeding import numpy_rng
 
 _MAX_ATTEMPTS = 1000
+FILL_STEPS = 50         # dirichlet_equal's turns: a class runs out within 2 % of every client's filling
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -125,22 +126,28 @@ def dirichlet_equal(labels: np.ndarray, num_clients: int, rng: np.random.Generat
     """Label skew without quantity skew (FedClassAvg): every client gets `size` samples (default
     floor(N / num_clients); a smaller size leaves the rest of the data set unused, for small studies).
 
-    Each client draws class proportions ~ Dir(beta) and takes them from the classes' remaining pools,
-    renormalising over the classes not yet used up; a leftover of fewer than num_clients samples is unused.
+    Each client draws class proportions q ~ Dir(beta) (Hsu et al. 2019) and its samples' classes ~ q,
+    renormalised over the classes not yet used up. The clients fill in FILL_STEPS turns, each client
+    in a fresh random order taking its next share, so a class runs out for all clients alike: filled
+    one after another, the last clients would get the leftovers of a few classes (with size = 0, a top
+    class share of 0.58 against 0.37 for the first ones at beta = 0.5, 20 clients). Our choice: the
+    authors' code has only the NIID-Bench split (`dirichlet`), whose client sizes differ.
     """
     _require("size", size, size * num_clients <= len(labels),
              f"must be an integer with size x num_clients <= {len(labels)} samples (0: all of them, split equally)")
     left = np.unique(labels, return_counts=True)[1]
     counts = np.zeros((len(left), num_clients), dtype=np.int64)
-    for client in range(num_clients):
-        share = rng.dirichlet(np.full(len(left), beta))
-        need = size or len(labels) // num_clients
-        while need:  # each pass either fills the client or exhausts a class
-            open_share = share * (left > 0)
-            take = np.minimum(apportion(need, open_share if open_share.sum() > 0 else left), left)
+    shares = rng.dirichlet(np.full(len(left), beta), size=num_clients)
+    need = np.full(num_clients, size or len(labels) // num_clients)
+    turn = max(1, -(-int(need.max(initial=0)) // FILL_STEPS))
+    while need.any():       # every take is at least one sample: the classes left hold what is needed
+        for client in rng.permutation(np.flatnonzero(need)):
+            open_share = shares[client] * (left > 0)
+            p = open_share if open_share.sum() > 0 else left.astype(float)
+            take = np.minimum(rng.multinomial(min(turn, need[client]), p / p.sum()), left)
             counts[:, client] += take
             left -= take
-            need -= take.sum()
+            need[client] -= take.sum()
     return _deal(labels, counts, rng)
 
 

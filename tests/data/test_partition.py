@@ -54,7 +54,7 @@ def test_iid_is_near_uniform():
 def test_small_beta_is_more_skewed_than_large_beta():
     skewed = _max_class_fraction(partition(LABELS, 50, "dirichlet", {"beta": 0.1}, seed=0))
     mild = _max_class_fraction(partition(LABELS, 50, "dirichlet", {"beta": 100}, seed=0))
-    assert skewed > 0.45 and mild < 0.15, (skewed, mild)
+    assert skewed > 0.35 and mild < 0.15, (skewed, mild)  # 7 clients of 8571 samples: 6000 at most of a class
 
 
 def test_impossible_client_count_raises_data_error():
@@ -166,7 +166,7 @@ def test_dirichlet_equal_gives_equal_sizes_and_beta_controls_skew(num_clients):
     assert [len(p) for p in parts] == [len(LABELS) // num_clients] * num_clients
     skewed = _max_class_fraction(parts)
     mild = _max_class_fraction(partition(LABELS, num_clients, "dirichlet_equal", {"beta": 100}, seed=0))
-    assert skewed > 0.45 and mild < 0.15, (skewed, mild)
+    assert skewed > 0.35 and mild < 0.15, (skewed, mild)  # 7 clients of 8571 samples: 6000 at most of a class
 
 
 def test_dirichlet_equal_size_takes_a_subset_of_equal_clients():
@@ -181,6 +181,20 @@ def test_dirichlet_equal_exhausts_classes_and_still_fills_every_client():
     labels = np.repeat([0, 1, 2], [900, 60, 40])
     parts = partition(labels, 9, "dirichlet_equal", {"beta": 0.3}, seed=1)
     assert [len(p) for p in parts] == [111] * 9 and _disjoint_sorted(parts)
+
+
+def test_dirichlet_equal_skews_the_last_clients_no_more_than_the_first_when_it_uses_all_the_data():
+    """size = 0 uses every sample, so classes run out while clients fill: they must run out for all
+    clients alike, not leave the last ones the leftovers of a few classes (filled one after another:
+    top class share 0.58 for the last five of 20 against 0.37 for the first five)."""
+    first, last = [], []
+    for seed in range(8):
+        m = count_matrix(LABELS, partition(LABELS, 20, "dirichlet_equal", {"beta": 0.5}, seed=seed), 10)
+        top = m.max(axis=1) / m.sum(axis=1)
+        first.extend(top[:5])
+        last.extend(top[-5:])
+    assert abs(np.mean(last) - np.mean(first)) < 0.06, (np.mean(first), np.mean(last))
+    assert 0.25 < np.mean(first) < 0.45            # still Dir(0.5)'s skew (its top share alone: 0.38)
 
 
 @pytest.mark.parametrize("num_clients,k", [(20, 2), (7, 3), (3, 2), (10, 10)])
@@ -655,8 +669,8 @@ def test_golden_dirichlet_count_matrix_shows_the_cap():
 @pytest.mark.parametrize("scheme,params,expected", [
     ("iid", {}, [[4, 4, 2, 0], [4, 2, 3, 1], [4, 3, 1, 2]]),
     ("dirichlet", {"beta": 1.0}, [[6, 0, 0, 1], [4, 4, 5, 0], [2, 5, 1, 2]]),
-    ("dirichlet_equal", {"beta": 0.5}, [[8, 1, 1, 0], [0, 6, 1, 3], [4, 2, 4, 0]]),
-    ("dirichlet_equal", {"beta": 0.5, "size": 5}, [[4, 1, 0, 0], [0, 3, 0, 2], [3, 1, 0, 1]]),  # takes class 3's last
+    ("dirichlet_equal", {"beta": 0.5}, [[6, 1, 3, 0], [1, 6, 1, 2], [5, 2, 2, 1]]),          # (filled in turns)
+    ("dirichlet_equal", {"beta": 0.5, "size": 5}, [[5, 0, 0, 0], [1, 3, 0, 1], [2, 1, 1, 1]]),
     ("classes_per_client", {"k": 2}, [[0, 0, 6, 2], [6, 9, 0, 0], [6, 0, 0, 1]]),
     ("missing", {"x": 1}, [[6, 3, 0, 2], [6, 3, 3, 0], [0, 3, 3, 1]]),
     ("quantity_skew", {"sigma": 1.0}, [[10, 8, 6, 2], [1, 0, 0, 0], [1, 1, 0, 1]]),
