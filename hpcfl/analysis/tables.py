@@ -240,7 +240,7 @@ def forgetting(results: Results, by: list[str], gamma: float | None = None) -> p
                          "runs": len(per_class),
                          **({"unfinished": unfinished} if any_unfinished else {}),
                          **{f"class {c}": v for c, v in enumerate(np.mean(per_class, axis=0) if per_class else [])},
-                         "all classes": float(np.mean(per_class)) if per_class else np.nan,
+                         "all classes": float(_nanmean(per_class)) if per_class else np.nan,
                          **dict(zip(ROLES + tuple(f"{role} median" for role in ROLES), roles, strict=True))})
     return pd.DataFrame(rows)
 

@@ -109,11 +109,17 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, mi
     (NIID-Bench / FedMA); redrawn until every client has min_samples. In flwr-datasets this is
     `DirichletPartitioner(self_balancing=True)`, not its default (`self_balancing=False`: no cap)."""
     class_sizes = np.unique(labels, return_counts=True)[1]
+    degenerate = 0
     for _ in range(_MAX_ATTEMPTS):
         counts = _dirichlet_counts(class_sizes, num_clients, beta, rng)
+        degenerate += counts is None
         if counts is not None and counts.sum(axis=0).min() >= min_samples:
             break
     else:
+        if degenerate > _MAX_ATTEMPTS // 2:
+            raise DataError(f"dirichlet partition with beta={beta} over {num_clients} clients: in {degenerate} of "
+                            f"{_MAX_ATTEMPTS} draws every open client's share of a class was 0 in floating point; "
+                            "fix: a larger data.partition_params.beta (e.g. 0.01 or more)")
         raise DataError(
             f"dirichlet partition with beta={beta} over {num_clients} clients and {len(labels)} samples left some "
             f"client below data.min_samples={min_samples} in all {_MAX_ATTEMPTS} draws; "

@@ -60,8 +60,15 @@ def _read(path: Path, file: h5py.File, keys: set | None) -> RunData:
     arrays = {}
 
     def collect(name: str, item) -> None:
-        if isinstance(item, h5py.Dataset):
-            arrays[name] = item[:rounds] if item.attrs.get("axis0") == ROUND_AXIS else item[()]
+        if not isinstance(item, h5py.Dataset):
+            return
+        if item.attrs.get("axis0") != ROUND_AXIS:
+            arrays[name] = item[()]
+        elif len(item) < rounds:                        # a file whose last flush was cut short
+            raise ResultsError(f"{path}: {name} holds {len(item)} rounds but the file says {rounds} are "
+                               "committed: it is damaged; resume the run from its checkpoint, or run it again")
+        else:
+            arrays[name] = item[:rounds]
 
     if keys is None:
         file.visititems(collect)

@@ -100,12 +100,17 @@ class Recorder:
                 recorder._series[key] = item
 
         file.visititems(collect)
-        for dataset in recorder._series.values():
-            dataset.resize(rounds, axis=0)
-        if "final" in file:
-            del file["final"]
         file.attrs.modify("committed_rounds", np.int64(rounds))
-        file.flush()
+        file.flush()            # the count first: a kill from here on leaves rows beyond it, never a count beyond them
+        try:
+            for dataset in recorder._series.values():
+                dataset.resize(rounds, axis=0)
+            if "final" in file:
+                del file["final"]
+            file.flush()
+        except BaseException:
+            file.close()
+            raise
         recorder._rounds = rounds
         return recorder
 

@@ -27,10 +27,12 @@ def predict_proba(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.T
 
 def summarize(predicted: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor, num_classes: int) -> dict:
     """The evaluation record from predicted labels and the summed loss; `correct` is each example's
-    correctness (what lets an analysis account for the test set's finite size). Two host reads."""
+    correctness (what lets an analysis account for the test set's finite size); a class without test
+    examples has no accuracy (NaN). Two host reads."""
     hits, labels = torch.stack([predicted == y, y]).cpu().numpy()        # one read of labels and hits
     hits = hits.astype(bool)
-    per_class = np.maximum(np.bincount(labels, minlength=num_classes), 1)
+    per_class = np.bincount(labels, minlength=num_classes)
     correct = np.bincount(labels[hits], minlength=num_classes)
     return {"acc": float(correct.sum()) / len(labels), "loss": float(loss_sum) / len(labels),
-            "class_acc": correct / per_class, "correct": hits}
+            "class_acc": np.divide(correct, per_class, out=np.full(num_classes, np.nan), where=per_class > 0),
+            "correct": hits}

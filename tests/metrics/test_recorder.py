@@ -187,6 +187,17 @@ def test_reader_trusts_only_committed_rows(tmp_path):
     assert run.arrays["partition"].shape == (4, 3)
 
 
+def test_a_round_array_shorter_than_the_committed_rounds_makes_the_file_damaged(tmp_path):
+    path = tmp_path / "r.h5"
+    write_run(path)
+    with h5py.File(path, "r+") as f:  # a flush cut short: the array's size reached the disk, the count did not
+        rounds = int(f.attrs["committed_rounds"])
+        f["round/test_acc"].resize(1, axis=0)
+    with pytest.raises(ResultsError, match=rf"r.h5: round/test_acc holds 1 rounds but the file says {rounds} are "
+                                           "committed: it is damaged"):
+        read_run(path)
+
+
 def test_reading_named_arrays_reads_those_alone_cut_at_the_committed_rounds(tmp_path):
     path = tmp_path / "r.h5"
     write_run(path)
@@ -267,6 +278,23 @@ def test_reopen_drops_the_rows_after_the_checkpoint_and_continues_from_there(tmp
         Recorder.reopen(path, 4)
     assert _open_files() == 0 and refused.traceback      # the refused reopen closed the file
     Recorder.reopen(path, 3).close()            # a checkpoint after the last committed round: nothing to drop
+
+
+def test_reopen_lowers_the_committed_count_before_it_cuts_any_row(tmp_path, monkeypatch):
+    """A resume killed while it cuts the rows must leave a readable file: the count is on disk first,
+    so rows beyond it are ignored, never a count beyond the rows."""
+    path = tmp_path / "r.h5"
+    write_run(path)
+
+    def killed(self, size, axis=None):
+        raise RuntimeError("killed while cutting")
+
+    monkeypatch.setattr(h5py.Dataset, "resize", killed)
+    with pytest.raises(RuntimeError, match="killed while cutting"):
+        Recorder.reopen(path, 2)
+    monkeypatch.undo()
+    run = read_run(path)
+    assert run.rounds == 2 and run.arrays["round/test_acc"].tolist() == [0.0, 0.1]
 
 
 def test_reopen_drops_the_final_figures_a_run_wrote_before_it_died_so_the_resumed_run_writes_them_again(tmp_path):

@@ -20,14 +20,14 @@ def _model():
 X = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 3.0], [-1.0, -1.0], [0.0, 2.0]])
 def test_the_evaluation_record_by_hand():
     """Five examples in batches of two (the last one short); of 4 classes, class 0 has two examples, one
-    right; class 2 has one, right; class 3 is never seen (accuracy 0, not a division by zero)."""
+    right; class 2 has one, right; class 3 has no example (no accuracy: NaN, not a division by zero)."""
     y = torch.tensor([0, 1, 0, 2, 1])      # predicted 0, 1, 1, 2, 1
     result = evaluate(_model(), X, y, num_classes=4, batch_size=2)
     logits = [(2, 0, 0), (0, 1, 0), (1, 3, 0), (-1, -1, 0), (0, 2, 0)]
     loss = np.mean([math.log(sum(math.exp(v) for v in row)) - row[label]
                     for row, label in zip(logits, y.tolist(), strict=True)])
     assert result["acc"] == 4 / 5 and math.isclose(result["loss"], loss, rel_tol=1e-6)
-    np.testing.assert_array_equal(result["class_acc"], [0.5, 1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(result["class_acc"], [0.5, 1.0, 1.0, np.nan])
     np.testing.assert_array_equal(result["correct"], [True, True, False, True, True])
     assert result["correct"].dtype == bool
     for batch in (1, 3, 5, 64):                                       # any batching, the same record

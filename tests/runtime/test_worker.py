@@ -151,7 +151,7 @@ def test_a_phase_sums_the_finite_weighted_updates_and_flags_the_others(tmp_path)
     assert rows[0, 1] == 0.0 and rows[1, 1] == 1.0 and np.isnan(rows[1, 0]) and np.isnan(rows[1, 2:]).all()
     np.testing.assert_array_equal(rows[2, [0, 4]], [0.25, 2])
     np.testing.assert_array_equal(blocks["val_correct"][0], [1, 1, 0, 1])
-    np.testing.assert_array_equal(blocks["class_acc"][0], [1.0, 1.0, 0.0])        # classes 0 and 1 right, 2 unseen
+    np.testing.assert_array_equal(blocks["class_acc"][0], [1.0, 1.0, np.nan])     # classes 0 and 1 right, 2 unseen
     assert blocks["val_correct"][1:].sum() == 0
     assert worker.clients[1].state["scripted"]["c"].tolist() == [7.0, 7.0]          # dropped: as before the round
     kept = worker.clients[0].state["scripted"]["c"]
