@@ -73,8 +73,8 @@ def test_dirichlet_gives_up_after_redraws_with_the_fix():
     with pytest.raises(DataError, match="beta=0.05 .* in all 1000 draws") as err:
         partition(LABELS[:2000], 200, "dirichlet", {"beta": 0.05}, seed=0, min_samples=10)
     assert "data.min_samples" in str(err.value)
-    with pytest.raises(DataError, match=r"beta=0.0001 over 20 clients: in \d+ of 1000 draws every open client's share "
-                                        r"of a class was 0 in floating point; fix: a larger data.partition_params.beta"):
+    with pytest.raises(DataError, match=r"beta=0.0001 over 20 clients: in \d+ of 1000 draws every open client's "
+                                        r"share of a class was 0 in floating point; fix: a larger data.partition_params"):
         partition(np.repeat(np.arange(10), 500), 20, "dirichlet", {"beta": 1e-4}, seed=0, min_samples=10)
 
 
