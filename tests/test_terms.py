@@ -160,8 +160,11 @@ def test_moon_without_projection_contrasts_the_features():
     term, client = Moon(Moon.Params(mu=1.0, temperature=0.5, projection=0)), _client()
     x = torch.tensor([[1.0, 2.0], [-3.0, 0.5]])
     reference = _state(model)                       # global representation = this model's: cos = 1
-    term.start(model, client, 0, {"model": reference})  # first participation: previous = global
-    assert term.loss(model, x, None, model.features(x), None).item() == pytest.approx(math.log(2))
+    term.start(model, client, 0, {"model": reference})  # first participation: no previous model, no term
+    first = term.loss(model, x, None, model.features(x), None)
+    first.backward()
+    assert first.item() == 0.0 and model.body.weight.grad.abs().sum() == 0        # not log 2, nor its rounding
+    model.zero_grad()
     client.term_state = {"moon": _state(model, **{"body.weight": -torch.eye(2)})}
     term.start(model, client, 1, {"model": reference})  # previous representation = -z: cos = -1
     # -log(e^{1/T} / (e^{1/T} + e^{-1/T})) with T = 0.5
@@ -456,6 +459,19 @@ def test_fedrs_restricts_the_logits_with_or_without_the_bias(bias, expected):
     p = torch.softmax(torch.tensor(expected), 0) - torch.tensor([1.0, 0.0, 0.0])     # d CE / d logits
     bias_grad = {"scale": p * torch.tensor([1.0, 0.5, 0.75]), "drop": torch.zeros(3), "keep": p}[bias]
     assert torch.allclose(model.classifier.bias.grad, bias_grad, atol=1e-7)
+
+
+def test_fedrs_drop_leaves_the_bias_without_gradient_under_bf16_autocast():
+    """The bias's two paths (through the Linear and the subtraction) must cancel exactly: summed in
+    different precisions they left Adam a gradient of ~1e-4 to turn into full steps."""
+    model, term = _fedrs_case("drop")
+    h = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        raw = model(h)
+        logits = term.logits(raw)
+    torch.nn.functional.cross_entropy(logits.float(), torch.arange(64) % 3).backward()
+    assert raw.dtype == torch.bfloat16 and model.classifier.weight.grad.abs().sum() > 0
+    assert torch.equal(model.classifier.bias.grad, torch.zeros(3))
 
 
 @pytest.mark.parametrize("alpha, counts, scale", [

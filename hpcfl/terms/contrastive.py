@@ -2,10 +2,9 @@
 
 - `moon`   MOON, Li, He & Song, CVPR 2021, eq. (2)-(3): mu * -log(e^{sim(z,z_glob)/T} /
            (e^{sim(z,z_glob)/T} + e^{sim(z,z_prev)/T})), cosine similarity; z_prev from the client's model
-           at the end of its previous participation; at its first, the model it received (ours: the term
-           then has no gradient, as in the authors' round 0, whose model pool is empty, but reports
-           mu log 2 where theirs reports 0; their later pool holds every client's net, for a client not
-           yet sampled not the global model). z is the output of the projection
+           at the end of its previous participation; at its first, none: the term is 0 (as in the authors'
+           round 0, whose model pool is empty; their later pool holds every client's net, for a client
+           not yet sampled not the global model, our choice). z is the output of the projection
            head of section 3.1, as in the authors' code (QinbinLi/MOON, `ModelFedCon`): features h ->
            Linear(d, d) -> ReLU -> Linear(d, projection) = z, and the classifier reads z (Linear(projection,
            C)). `projection` = 256 (their out_dim) by default; 0: no head, z = h.
@@ -83,7 +82,8 @@ class Moon(Term):
                              "(or Moon.adapt), or set projection = 0")
         previous = self.state(client)
         self.global_model.load(model, received["model"])
-        self.previous_model.load(model, previous or received["model"])
+        self.previous_model.load(model, previous or received["model"])     # (a stand-in: one shape for vmap)
+        self.participated = torch.tensor(float(bool(previous)), device=client.y.device)   # 0: no term yet
 
     def represent(self, net, features: torch.Tensor) -> torch.Tensor:
         """MOON's z: the projection head's output, or the features themselves without a head."""
@@ -97,7 +97,7 @@ class Moon(Term):
         positive = F.cosine_similarity(z, z_global, dim=1) / self.params.temperature
         negative = F.cosine_similarity(z, z_previous, dim=1) / self.params.temperature
         # -log(e^p / (e^p + e^n)) = logsumexp(p, n) - p
-        return self.params.mu * (torch.logaddexp(positive, negative) - positive).mean()
+        return self.params.mu * self.participated * (torch.logaddexp(positive, negative) - positive).mean()
 
     def finish(self, model, client):
         self.state(client).update({k: v.detach().clone() for k, v in model.state_dict().items()})

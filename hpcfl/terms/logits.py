@@ -14,7 +14,9 @@
            classes, both softmaxes at temperature tau, averaged over the batch, with no tau^2 factor, as
            in the authors' NTD_Loss (Lee-Gihun/FedNTD); defaults beta = 1, tau = 1 as in the paper's
            experiments and the authors' config (config/fedntd.json; the NTD_Loss class itself defaults
-           to tau = 3, which the config overrides).
+           to tau = 3, which the config overrides). The global model (the teacher) runs in eval mode
+           (our choice; the authors' copy keeps the mode the model was in: with BatchNorm or dropout its
+           teacher uses batch statistics or drops units).
 - `ka`     FedKA, Chen, Zhu & Zheng, "Towards Fast and Stable Federated Learning: Confronting
            Heterogeneity via Knowledge Anchor", ACM MM 2023, eq. (2)-(3) (no released code; the paper is
            the specification). Classes are dominant / non-dominant / missing by their share of the
@@ -78,8 +80,8 @@ class RestrictedSoftmax(Term):
     def logits(self, logits):
         if self.layer is None:            # bias = "scale" (or a classifier without a bias)
             return logits * self.scale
-        bias = self.layer.bias
-        restricted = (logits - bias) * self.scale                      # s_c w_c^T h; b's gradient cancels
+        bias = self.layer.bias.to(logits.dtype)       # in the logits' precision, so that b's gradient cancels
+        restricted = (logits - bias) * self.scale     # exactly under bf16 too: s_c w_c^T h
         return restricted + bias if self.params.bias == "keep" else restricted
 
 

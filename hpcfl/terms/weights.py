@@ -1,8 +1,10 @@
 """Terms on the parameters themselves.
 
 - `prox`   FedProx, Li et al., MLSys 2020, eq. (2): mu/2 * ||w - w_ref||^2 over the parameters.
-           scope = "classifier" restricts it to the head (FedClassAvg eq. 5); reduction = "mean" takes
-           each tensor's mean squared difference, as FedClassAvg's code does (MSELoss per tensor).
+           scope = "classifier" restricts it to the head (FedClassAvg's proximal term: its eq. 5 prints
+           rho ||w_C,k - w_C||_2, unsquared; this is the authors' code's rho/2 times the squared distance);
+           reduction = "mean" takes each tensor's mean squared difference, as their code does (MSELoss
+           per tensor).
 - `Linear` (not selectable by name): <v, w> for a per-client vector v, SCAFFOLD's and FedDyn's correction.
 """
 from dataclasses import dataclass
