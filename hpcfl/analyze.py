@@ -46,7 +46,7 @@ from hpcfl.analysis.noise import NEEDS as NOISE_NEEDS
 from hpcfl.analysis.paired import compare
 from hpcfl.analysis.plots import curves, partition_heatmap
 from hpcfl.analysis.results import completed, mixed_keys, truncate, varying_keys
-from hpcfl.analysis.tables import SELECTION, STATISTICS, forgetting, personalised, time_and_bytes
+from hpcfl.analysis.tables import SELECTION, STATISTICS, forgetting, on_test_data, personalised, time_and_bytes
 from hpcfl.errors import Exit, ResultsError, exit_help
 from hpcfl.metrics import read_run
 
@@ -89,7 +89,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             sub.add_argument("--select-on", default=None, metavar="METRIC",
                              help="the selected figure: the metric at the round where METRIC (a client/... one: its "
                              "cohort mean) is lowest or highest, e.g. client/local_test_loss for FedClassAvg's "
-                             "authors' rule; a test metric selects on test data, which flatters")
+                             "authors' rule; a metric of test data (round/test_acc, round/personal_acc_mean, ...) "
+                             "selects on test data, which flatters")
             sub.add_argument("--select", choices=["min", "max"], default=None,
                              help="with --select-on: the lowest or highest (default: min for a loss, else max)")
         if name in ("table", "compare", "target"):
@@ -129,9 +130,9 @@ def _selection(args) -> tuple[str, str] | None:
     on = getattr(args, "select_on", None)
     if on is None:
         return None
-    if "test" in on:
-        sys.stderr.write(f"hpcfl: note: the selected round is chosen on {on}, a test metric: selection on test data "
-                         "(as FedClassAvg's authors did), optimistic; hpcfl's default is best_val\n")
+    if on_test_data(on):
+        sys.stderr.write(f"hpcfl: note: the selected round is chosen on {on}, a metric of test data: selection on "
+                         "test data (as FedClassAvg's authors did), optimistic; hpcfl's default is best_val\n")
     return on, args.select or ("min" if on.endswith("loss") else "max")
 
 

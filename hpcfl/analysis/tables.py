@@ -13,6 +13,13 @@ from hpcfl.analysis.results import MISSING, PER_ROUND, Results, completed, shown
 from hpcfl.data.splits import class_categories
 
 SELECTION = ("round/val_acc", "max")   # what picks a run's round: the global model on the clients' held-out data
+# the recorded metrics computed from test examples (hpcfl.runtime.loop, .report, .forgetting and the server's
+# feature_quality): the global test set's, the clients' local test sets' and the personalised accuracy over them
+TEST_METRICS = frozenset({
+    "round/test_acc", "round/test_loss", "class/test_acc", "example/test_correct", "class/start_acc",
+    "client/test_acc", "client/local_test_acc", "client/local_test_loss", "example/local_test_correct",
+    "round/personal_acc_mean", "round/personal_acc_std", "client_class/test_acc", "client_class/forgetting",
+    "final/feature_nmi", "final/feature_silhouette"})
 ROLES = ("dominant", "non-dominant", "missing")        # FedKA Definition 1
 
 
@@ -44,11 +51,17 @@ def _selected(evaluated: np.ndarray, key: np.ndarray | None, direction: str) -> 
 STATISTICS = ("final", "last", "best_val", "selected", "rounds")
 
 
+def on_test_data(metric: str) -> bool:
+    """Whether `metric` is computed from test examples: one of TEST_METRICS, or any name with "test" in it
+    (a plug-in's metric too)."""
+    return metric in TEST_METRICS or "test" in metric
+
+
 def selection_rule(select: tuple[str, str]) -> str:
-    """The `selected` figure's rule in words, for a table's legend; a rule on a test metric says that
-    it selects on test data (what some papers' code does; never hpcfl's default)."""
+    """The `selected` figure's rule in words, for a table's legend; a rule on a metric of test data
+    (on_test_data) says that it selects on test data (what some papers' code does; never hpcfl's default)."""
     on, direction = select
-    warning = ": a selection on test data, optimistic" if "test" in on else ""
+    warning = ": a selection on test data, optimistic" if on_test_data(on) else ""
     return f"selected: at the round of the {direction} of {on}{warning}"
 
 

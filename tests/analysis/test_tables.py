@@ -529,6 +529,21 @@ def test_a_selection_picks_among_the_rounds_its_metric_has_and_says_what_it_sele
     assert chosen_rounds(twelve, "last", "round/test_acc").tolist() == list(range(2, 12))       # 10 by default
 
 
+def test_a_selection_on_the_personalised_accuracy_is_labelled_as_one_on_test_data(folder, capsys):
+    """round/personal_acc_mean/std are over the clients' local test sets: selecting on them selects on test
+    data as round/test_acc does, though "test" is not in their names; the legend and the note both say so."""
+    from hpcfl.analysis.tables import selection_rule
+
+    said = {}
+    for on in ("round/test_acc", "round/personal_acc_mean", "round/personal_acc_std"):
+        assert selection_rule((on, "max")).endswith(f"max of {on}: a selection on test data, optimistic")
+        assert main(["table", str(folder), "--by", "algorithm.name", "--select-on", on]) == 0
+        captured = capsys.readouterr()
+        said[on] = (captured.out.count(f"{on}: a selection on test data, optimistic"),
+                    captured.err.count(f"chosen on {on}, a metric of test data: selection on test data"))
+    assert said == dict.fromkeys(said, (1, 1))
+
+
 def test_ungrouped_tables_and_a_missing_key_rendered_as_missing(folder):
     results = load([folder], metrics=("client_class/forgetting",),
                    prefixes=("round/phase_s/", "rank/", "round/bytes_"))
