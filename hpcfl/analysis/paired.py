@@ -132,7 +132,8 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
     A pair in which either run did not complete (diverged, interrupted, running) gives no effect; when
     there is such a pair, a column `unfinished` counts them beside n. With stat "rounds", a completed
     pair in which a run never reached the target has no speed-up either: `not_reached` counts them
-    (the speed-up is over the pairs that both reached it, which flatters an arm that often fails).
+    (the speed-up is over the pairs that both reached it, which flatters an arm that often fails). A
+    `better` or `worse` over fewer than all its pairs says so: "better (over 3 of 4 pairs)".
     For a metric with per-example bits (hpcfl.analysis.noise.BITS) and a statistic other than rounds,
     a column `test_se` gives the test set's standard error of the mean effect, which the interval
     includes, or `not recorded` where a run of the pairs has no bits (files written before them): then
@@ -173,10 +174,13 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
             kept = np.isfinite(effects)
             terms, noise = _test_noise(results, (stat, metric, last, select), shared[kept], mine, base)
             mean, std, low, high = interval(effects[kept], terms)
+            call = verdict(low, high, null, higher_is_better)
+            if call != "inconclusive" and kept.sum() < len(shared):      # said where it is read, not only beside n
+                call += f" (over {kept.sum()} of {len(shared)} pairs)"
             rows.append({**dict(zip(groups, values, strict=True)), key: arm,
                          **_counts(mine.loc[shared, "#done"], base.loc[shared, "#done"], kept, unfinished, stat),
                          "effect_mean": mean, "effect_std": std, **noise, "ci95_low": low, "ci95_high": high,
-                         "verdict": verdict(low, high, null, higher_is_better)})
+                         "verdict": call})
     unpaired += [p for p in base_runs["path"] if p not in partnered]
     table = pd.DataFrame(rows)
     table.attrs["legend"] = LEGEND[stat == "rounds"] + (f"; {selection_rule(select)}" if stat == "selected" else "")

@@ -259,6 +259,7 @@ def test_a_pair_with_a_run_that_did_not_complete_gives_no_effect_and_is_counted(
     table, unpaired = compare(load([tmp_path]), {"algorithm.name": "fedavg"})
     row = table.iloc[0]
     assert row["n"] == 3 and row["unfinished"] == 1 and row["effect_mean"] == pytest.approx(0.1) and unpaired == []
+    assert row["verdict"] == "better (over 3 of 4 pairs)"                        # the diverged pair not hidden
     summary_rows = {r["algorithm.name"]: r for r in summary(load([tmp_path]), ["algorithm.name"]).to_dict("records")}
     assert summary_rows["fedka"]["unfinished"] == 1 and summary_rows["fedka"]["final_mean"] == pytest.approx(0.7)
     assert summary_rows["fedavg"]["unfinished"] == 0 and summary_rows["fedavg"]["final_mean"] == pytest.approx(0.5)
