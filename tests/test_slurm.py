@@ -23,11 +23,12 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "PREEMPTED"}    # a job's states once it has ended (scontrol's JobState)
 JOB = CHECKPOINTED_JOB.format(study="slurm") + '[algorithm]\nname = "scaffold"\n'
 
-pytestmark = pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
-                                reason="needs root and Debian's slurmctld, slurmd, munge (CI installs them)")
+pytestmark = [pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
+                                 reason="needs root and Debian's slurmctld, slurmd, munge (CI installs them)"),
+              pytest.mark.xdist_group("slurm")]       # one cluster (one slurmctld port): one worker
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")     # once: under pytest-xdist a worker may run other files between these tests
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("slurm")
     subprocess.run([SLURM / "local-cluster.sh", "start", state], check=True, timeout=60)

@@ -85,6 +85,11 @@ def verdict(low: float, high: float, null: float, higher_is_better: bool) -> str
     return "better" if (low > null) == higher_is_better else "worse"
 
 
+def _over(call: str, used: int, pairs: int) -> str:
+    """A decisive verdict says when it is over fewer than all its pairs: where it is read, not only in n."""
+    return call if call == "inconclusive" or used == pairs else f"{call} (over {used} of {pairs} pairs)"
+
+
 def _test_noise(results: Results, figure: tuple, pairs, mine: pd.DataFrame, base: pd.DataFrame) -> tuple[tuple, dict]:
     """The test set's terms of the interval for `pairs` (`_test_terms`), and the `test_se` column: none
     for the rounds statistic or a metric without per-example bits; "not recorded" when a run lacks them."""
@@ -174,13 +179,10 @@ def compare(results: Results, baseline: dict, stat: str = "final", metric: str =
             kept = np.isfinite(effects)
             terms, noise = _test_noise(results, (stat, metric, last, select), shared[kept], mine, base)
             mean, std, low, high = interval(effects[kept], terms)
-            call = verdict(low, high, null, higher_is_better)
-            if call != "inconclusive" and kept.sum() < len(shared):      # said where it is read, not only beside n
-                call += f" (over {kept.sum()} of {len(shared)} pairs)"
             rows.append({**dict(zip(groups, values, strict=True)), key: arm,
                          **_counts(mine.loc[shared, "#done"], base.loc[shared, "#done"], kept, unfinished, stat),
                          "effect_mean": mean, "effect_std": std, **noise, "ci95_low": low, "ci95_high": high,
-                         "verdict": call})
+                         "verdict": _over(verdict(low, high, null, higher_is_better), int(kept.sum()), len(shared))})
     unpaired += [p for p in base_runs["path"] if p not in partnered]
     table = pd.DataFrame(rows)
     table.attrs["legend"] = LEGEND[stat == "rounds"] + (f"; {selection_rule(select)}" if stat == "selected" else "")
