@@ -23,13 +23,12 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "PREEMPTED"}    # a job's states once it has ended (scontrol's JobState)
 JOB = CHECKPOINTED_JOB.format(study="slurm") + '[algorithm]\nname = "scaffold"\n'
 
-pytestmark = [pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
-                                 reason="needs root and Debian's slurmctld, slurmd, munge (CI installs them)"),
-              pytest.mark.xdist_group("slurm")]       # one cluster (one slurmctld port): one worker
+pytestmark = pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
+                                reason="needs root and Debian's slurmctld, slurmd, munge (CI installs them)")
 
 
-@pytest.fixture(scope="session")     # once: under pytest-xdist a worker may run other files between these tests
-def cluster(tmp_path_factory):
+@pytest.fixture(scope="module")      # one cluster (its ports are SLURM's defaults): `--dist loadfile` keeps
+def cluster(tmp_path_factory):        # this file's tests on one worker
     state = tmp_path_factory.mktemp("slurm")
     subprocess.run([SLURM / "local-cluster.sh", "start", state], check=True, timeout=60)
     env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf"), "HPCFL_SLURM": str(SLURM),
