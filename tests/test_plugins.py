@@ -315,7 +315,8 @@ def test_a_plugin_check_that_skips_super_still_gets_the_rules_its_traits_imply(t
         "    @classmethod\n    def check(cls, job):\n"
         "        if job.train.lr > 1:\n            raise ConfigError('strict needs train.lr <= 1')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    job = {"run": {"study": "s"}, "algorithm": {"name": "strictfl:Strict"}, "data": {"dataset": "digits"}}
+    job = {"run": {"study": "s", "results_root": str(tmp_path)}, "algorithm": {"name": "strictfl:Strict"},
+           "data": {"dataset": "digits"}}
     with pytest.raises(hpcfl.ConfigError, match=r"strict needs train.lr <= 1"):             # its own rule
         hpcfl.run({**job, "train": {"lr": 2.0}})
     with pytest.raises(hpcfl.ConfigError, match="shares whole models, so every client needs the same one"):

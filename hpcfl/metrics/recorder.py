@@ -100,9 +100,9 @@ class Recorder:
                 recorder._series[key] = item
 
         file.visititems(collect)
-        file.attrs.modify("committed_rounds", np.int64(rounds))
-        file.flush()            # the count first: a kill from here on leaves rows beyond it, never a count beyond them
         try:
+            file.attrs.modify("committed_rounds", np.int64(rounds))
+            file.flush()        # the count first: a kill from here on leaves rows beyond it, never a count beyond them
             for dataset in recorder._series.values():
                 dataset.resize(rounds, axis=0)
             if "final" in file:

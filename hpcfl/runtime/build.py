@@ -29,7 +29,7 @@ from hpcfl.runtime.forgetting import Forgetting
 from hpcfl.runtime.memory import peak_bytes
 from hpcfl.runtime.placement import Placement, memory_format, place, worker_ranks
 from hpcfl.runtime.provenance import run_attributes
-from hpcfl.runtime.resume import RunCompleted, restore, resume_point
+from hpcfl.runtime.resume import RunCompleted, restore, resume_point, same_split
 from hpcfl.runtime.server import Server
 from hpcfl.runtime.worker import Worker
 from hpcfl.seeding import cohort_schedule, torch_seed
@@ -234,7 +234,9 @@ def _server(job: Resolved, transport: Transport, split: ClientData, model, algor
     server = Server(algorithm, model, data.test_x, data.test_y, config.eval.batch_size, device,
                     validation=validation)
     recorder = None                 # a resumed run's file is reopened once every rank is set up (`setup`)
-    if not resume_file:
+    if resume_file:
+        same_split(job.config.result_path, split.counts)
+    else:
         arrays = {"partition": split.counts, "example/test_size": np.int64(data.test_y.shape[0]),
                   "example/local_test_sizes": split.local_test_sizes,
                   "shared_samples": split.shared}

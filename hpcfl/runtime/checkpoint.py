@@ -24,6 +24,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -83,12 +84,19 @@ def save(root: Path, rounds_done: int, transport, server_state: dict | None, sha
     _prune(root, rounds_done, keep)
 
 
+def _sealed(root: Path) -> list[tuple[int, Path]]:
+    """The checkpoint folders `round-<R>` under `root` as (R, folder), oldest first; anything else
+    there (a `.partial` folder, a user's `round-000010.bak`) is not one."""
+    found = ((re.fullmatch(r"round-(\d+)", d.name), d) for d in root.glob("round-*"))
+    return sorted((int(name[1]), d) for name, d in found if name)
+
+
 def _prune(root: Path, rounds_done: int, keep: int) -> None:
     """Keep the newest `keep` checkpoints up to `rounds_done`. One further on (a damaged one this run
     resumed before) and a `.partial` one (left by a rank killed while writing) are stale: removed too."""
-    complete = sorted(d for d in root.glob("round-*") if d.suffix != ".partial")
-    newer = [d for d in complete if int(d.name.split("-")[1]) > rounds_done]
-    kept = [d for d in complete if d not in newer]
+    sealed = _sealed(root)
+    kept = [d for rounds, d in sealed if rounds <= rounds_done]
+    newer = [d for rounds, d in sealed if rounds > rounds_done]
     for old in kept[:-keep] + newer + list(root.glob("round-*.partial")):
         shutil.rmtree(old, ignore_errors=True)
 
@@ -107,12 +115,12 @@ def _valid(directory: Path) -> str | None:
 
 def latest(root: Path, warn) -> tuple[int, Path] | None:
     """The newest intact checkpoint as (rounds done, folder); a damaged newer one is skipped with `warn`."""
-    for directory in sorted(root.glob("round-*"), reverse=True):
-        if directory.suffix == ".partial" or not directory.is_dir():
+    for rounds, directory in reversed(_sealed(root)):
+        if not directory.is_dir():
             continue
         problem = _valid(directory)
         if problem is None:
-            return int(directory.name.split("-")[1]), directory
+            return rounds, directory
         warn(f"checkpoint {directory} is damaged ({problem}); using the one before it")
     return None
 

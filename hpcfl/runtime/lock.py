@@ -103,15 +103,20 @@ def _owner(text: str | None) -> dict:
     return owner if isinstance(owner, dict) else {}
 
 
+def _identity(stat: os.stat_result) -> tuple:
+    """Which lock file this is: its inode, and its last touch (a new lock or a heartbeat changes it)."""
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns
+
+
 def _take_over(path: Path, result_path: Path, me: dict) -> None:
     """Remove the lock if its owner is gone or silent, else raise ResultsError naming the owner. The
     caller then creates the lock (O_EXCL), so of two runs taking over one stale lock at once only one
     ends up owning it."""
-    text = _read(path)
-    owner = _owner(text)
+    owner = _owner(_read(path))
     unique = path.with_name(f"{path.name}.{me['host']}-{me['pid']}")
     unique.write_text("")                               # its mtime is the file system's now
     try:
+        judged = _identity(path.stat())
         silent = _silent_s(path, unique)
     except FileNotFoundError:                           # released meanwhile
         unique.unlink()
@@ -123,11 +128,13 @@ def _take_over(path: Path, result_path: Path, me: dict) -> None:
                            f"a lock not refreshed for {STALE_S:.0f} s is taken over by the next run")
     try:
         os.replace(path, unique)                        # one rename of the lock: only one run gets it
-    except FileNotFoundError:                           # another run took it first
-        unique.unlink()
-        return
-    if _read(unique) != text:                           # what we moved is the lock another run just made
-        os.replace(unique, path)                        # put it back: that run owns the file
+    except OSError:                                     # another run took it first (or no right to move it)
+        unique.unlink(missing_ok=True)
+        if not path.exists():
+            return
+        raise
+    if _identity(unique.stat()) != judged:              # what we moved is a lock another run just made, or
+        os.replace(unique, path)                        # one its owner refreshed: put it back, theirs
         return
     unique.unlink()
     if not _gone(owner, me):

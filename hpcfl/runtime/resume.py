@@ -92,6 +92,17 @@ def resume_point(job: Resolved, ranks: int | None = None) -> tuple[bool, int, Pa
     return True, (found[0] if found else 0), (found[1] if found else None)
 
 
+def same_split(path: Path, counts: np.ndarray) -> None:
+    """Refuse to resume a file whose clients held other samples than this run's split gives them (an
+    hpcfl that splits differently, or other data files): its rounds and the new ones would not be one run."""
+    recorded = read_run(path, keys=["partition"]).arrays.get("partition")
+    if recorded is not None and not np.array_equal(recorded, counts):
+        raise ResultsError(f"{path} was written with another split of the data (its clients' class counts, "
+                           "`partition`, differ from this run's: an hpcfl that splits differently, or changed data "
+                           "files); resume it with the hpcfl that wrote it (its provenance names the commit), or move "
+                           f"it and {checkpoint_root(path).name} away to start again")
+
+
 def mismatch(recorded: dict, config) -> str:
     """How the configuration a result file records differs from the job `config` where a resumed run may
     not differ (the keys, both values); "" when the run may go on (or is the same)."""

@@ -187,6 +187,14 @@ def test_forgetting_degree_per_class(folder):
     assert fedprox["all classes"] == pytest.approx(0.175)
 
 
+def test_a_class_without_test_examples_has_no_forgetting_and_leaves_the_all_classes_mean_to_the_others(tmp_path):
+    with Recorder.create(tmp_path / "run.h5", {"config": {"run": {"seed": 0}, "algorithm": {"name": "fedka"}}}) as rec:
+        rec.append_round(0, {"client_class/forgetting": np.array([[0.2, np.nan, 0.4], [0.4, np.nan, 0.2]])})
+        rec.set_attr("status", "completed")
+    row = forgetting(load([tmp_path], metrics=("client_class/forgetting",)), ["algorithm.name"]).iloc[0]
+    assert np.isnan(row["class 1"]) and row["all classes"] == pytest.approx(0.3)
+
+
 def test_time_and_bytes(folder):
     table = time_and_bytes(load([folder], metrics=(), prefixes=("round/phase_s/", "rank/", "round/bytes_")),
                            ["algorithm.name"])

@@ -104,8 +104,9 @@ def test_a_checkpoint_further_on_than_the_one_saved_is_stale_and_never_crowds_it
     for rounds in (1, 3):
         save(tmp_path, rounds, LocalTransport({}), {}, {"at": rounds}, {}, keep=2)
     (tmp_path / "round-000003" / "shared.pt").write_bytes(b"damaged")
+    (tmp_path / "round-000009.bak").mkdir()                     # a user's copy: not a checkpoint, left alone
     save(tmp_path, 2, LocalTransport({}), {}, {"at": 2}, {}, keep=1)
-    assert sorted(d.name for d in tmp_path.iterdir()) == ["round-000002"]
+    assert sorted(d.name for d in tmp_path.iterdir()) == ["round-000002", "round-000009.bak"]
     assert latest(tmp_path, None) == (2, tmp_path / "round-000002")
     assert json.loads((tmp_path / "round-000002" / MANIFEST).read_text())["rounds_done"] == 2
 

@@ -309,3 +309,20 @@ def test_under_mpi_a_signalled_run_resumes_to_exactly_the_uninterrupted_metrics(
                                       comm.Get_rank() == 0, stop_after=1 if lite else 3, dropped=0 if lite else None)
     finally:
         comm.Barrier()
+
+
+def test_a_file_written_with_another_split_of_the_data_is_not_resumed(tmp_path, capsys):
+    """The configuration matches, but the clients held other samples (an hpcfl that splits differently):
+    its rounds and the resumed ones would not be one run."""
+    job = _job(tmp_path, "fedavg")
+    assert main(_args(job, tmp_path, "cut")) == 0
+    path = tmp_path / "results" / "resume" / "cut.h5"
+    with h5py.File(path, "r+") as file:                    # as if stopped after round 1, by another split
+        file.attrs["status"], file.attrs["committed_rounds"] = "interrupted", 1
+        counts = file["partition"][()]
+        counts[0, :2] += [1, -1]                            # one sample of class 1 is of class 0 now
+        file["partition"][...] = counts
+    assert main(_args(job, tmp_path, "cut")) == 2
+    assert (f"{path} was written with another split of the data (its clients' class counts, `partition`, differ"
+            in capsys.readouterr().err)
+    assert read_run(path).rounds == 1                       # left as it was
