@@ -239,6 +239,13 @@ def _key_path(key: str) -> list[str] | None:
     return path if node == 0 and all(part.strip() for part in path) else None
 
 
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string that reads back as `text`: JSON's escapes are TOML's, but its ASCII
+    \\uXXXX pairs for a character past U+FFFF are not (TOML wants \\UXXXXXXXX), so such characters stay as
+    they are; DEL, which TOML does not allow raw, is escaped."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'train.lr=0.05' -> (['train', 'lr'], 0.05). A VALUE that is not one TOML value is that string."""
     key, sep, raw = text.partition("=")

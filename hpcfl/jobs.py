@@ -85,6 +85,11 @@ def resolve(config: JobConfig) -> Resolved:
         raise ConfigError(f"eval.forgetting compares local models with the global model, which "
                           f"algorithm '{config.algorithm.name}' does not have; "
                           "set eval.forgetting = false")
+    matching_from = min((p.start_round for p in adapting.values() if hasattr(p, "start_round")), default=1)
+    if getattr(algorithm, "init", "") == "independent" and cls.traits.anchor_phase and matching_from < 1:
+        raise ConfigError("feature matching from round 0 (start_round = 0) takes its anchors under the global model, "
+                          "but with algorithm.params.init = 'independent' each client trains its own in round 0: "
+                          "set start_round >= 1 or init = 'shared'")
     dealt = config.model.architectures or [config.model.name]
     return Resolved(config, cls, algorithm, terms, adapting, models, partition,
                     cls.moves_clients(config),

@@ -17,6 +17,7 @@ import socket
 import sys
 import traceback
 
+from hpcfl.config import toml_string
 from hpcfl.errors import Exit, HpcflError, exit_help
 from hpcfl.logs import LEVELS, LOG, configure
 
@@ -234,7 +235,7 @@ def run_job(job, overrides=(), data_root=None, quiet: bool = False):
 
 def run_overrides(args: argparse.Namespace) -> list[str]:
     """The job overrides a run's options give: its --set's, and --results-root's."""
-    return args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
+    return args.overrides + ([f"run.results_root={toml_string(args.results_root)}"] if args.results_root else [])
 
 
 def _main(args: argparse.Namespace, allow_sweep: bool) -> int:

@@ -17,13 +17,13 @@ With --sweep and no RESULTS, the sweep's own files are listed, not their folders
 any file is unreadable or of another configuration, so that a script checking a study stops there.
 """
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
 from hpcfl.analysis.results import find_files
 from hpcfl.errors import Exit, HpcflError, exit_help
+from hpcfl.launch import run_overrides
 from hpcfl.metrics import read_run
 from hpcfl.runtime.lock import writing
 
@@ -67,9 +67,8 @@ def main(argv=None, prog: str = "hpcfl status") -> int:
     args = parser.parse_args(argv)
     if (args.overrides or args.results_root) and not args.sweep:
         parser.error("--set and --results-root say where a sweep's points are: they need --sweep JOB")
-    overrides = args.overrides + ([f"run.results_root={json.dumps(args.results_root)}"] if args.results_root else [])
     try:
-        expected = sweep_jobs(args.sweep, overrides) if args.sweep else {}
+        expected = sweep_jobs(args.sweep, run_overrides(args)) if args.sweep else {}
     except HpcflError as err:
         sys.stderr.write(f"hpcfl: error: {err}\n")
         return Exit.BAD_INPUT

@@ -19,7 +19,8 @@ complete). Arms share seeds, so `analyze compare --baseline run.arm=FedAvg` pair
     [mpiexec] hpcfl sweep JOB [--index I] [run options]
                                                  # run point I (default $SLURM_ARRAY_TASK_ID)
     hpcfl sweep JOB --submit [--max-concurrent K] [run options] [-- sbatch options]
-                                                 # the points not complete as one SLURM job array
+                                                 # the points not complete as one SLURM job array (more,
+                                                 # where they outnumber the cluster's MaxArraySize)
 
 (`python -m hpcfl.sweep` is the same command.)
 """
@@ -28,7 +29,6 @@ import contextlib
 import hashlib
 import io
 import itertools
-import json
 import os
 import re
 import shlex
@@ -36,7 +36,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpcfl.config import read_job_file
+from hpcfl.config import read_job_file, toml_string
 from hpcfl.errors import ConfigError, Exit, HpcflError, exit_help
 
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -45,7 +45,7 @@ BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 def toml_key(key: str) -> str:
     """A table's key as TOML reads it back as one key: bare where it can be, else quoted (a plug-in's
     "pkg.mod:Term" written bare would be dotted keys, or no TOML at all)."""
-    return key if BARE_KEY.fullmatch(key) else json.dumps(key)
+    return key if BARE_KEY.fullmatch(key) else toml_string(key)
 
 
 def toml_value(value) -> str:
@@ -55,7 +55,7 @@ def toml_value(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return toml_string(value)
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
@@ -110,7 +110,7 @@ def points(raw: dict) -> list[list[str]]:
         name = "-".join([base, *([arm] if arm else []), *(_label(v) for v in chosen), f"seed{seed}"])
         sets = {**keys, **({"run.arm": arm} if arm else {}), **dict(zip(grid, chosen, strict=True))}
         out.append([*(f"{k}={toml_value(v)}" for k, v in sets.items()), f"run.seed={seed}",
-                    f"run.name={json.dumps(name)}"])
+                    f"run.name={toml_string(name)}"])
     files = [tuple(o for o in point if o.startswith(("run.name=", "run.study=", "run.results_root=")))
              for point in out]
     twins = sorted({file for file in files if files.count(file) > 1})
@@ -150,11 +150,15 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
     parser.add_argument("job")
     parser.add_argument("--list", action="store_true", help="check every point as its run will (keys, values, "
                                                            "plug-ins) and print them with their indices")
-    parser.add_argument("--index", type=int, default=None, help="the point to run (default: $SLURM_ARRAY_TASK_ID)")
+    parser.add_argument("--index", type=int, default=None, help="the point to run (default: $SLURM_ARRAY_TASK_ID "
+                                                                "+ --index-base)")
+    parser.add_argument("--index-base", type=int, default=0, metavar="B",
+                        help="an array task runs point B + $SLURM_ARRAY_TASK_ID (--submit adds it to the arrays after "
+                             "the first where the points outnumber the cluster's MaxArraySize)")
     parser.add_argument("--submit", action="store_true",
                         help="submit the points not complete as one SLURM job array (sbatch)")
     parser.add_argument("--max-concurrent", type=int, default=0, metavar="K",
-                        help="with --submit: at most K points run at once (--array=...%%K)")
+                        help="with --submit: at most K points of each job array run at once (--array=...%%K)")
     parser.add_argument("--script", default=None, help="with --submit: the batch script (default: sweep.sbatch in "
                                                        "$HPCFL_SLURM, else ./slurm, else the one hpcfl ships)")
     parser.add_argument("--job-digest", default=None, help="the job file's digest when the array was submitted "
@@ -182,14 +186,15 @@ def main(argv=None, prog: str = "python -m hpcfl.sweep") -> int:
                          "moved, and array task i runs point i of the file as it is now. Re-submit the sweep (its "
                          "complete points are skipped)\n")
         return Exit.BAD_INPUT
-    index = args.index if args.index is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
-    if index is None or not 0 <= int(index) < len(todo):
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    index = args.index if args.index is not None else None if task is None else args.index_base + int(task)
+    if index is None or not 0 <= index < len(todo):
         sys.stderr.write(f"hpcfl: error: pick a point 0..{len(todo) - 1} with --index (or run as a SLURM array task); "
                          f"--list shows them\n")
         return Exit.BAD_INPUT
     from hpcfl.launch import main as launch
 
-    return launch([args.job, *launch_args, *(a for o in todo[int(index)] for a in ("--set", o))], allow_sweep=True,
+    return launch([args.job, *launch_args, *(a for o in todo[index] for a in ("--set", o))], allow_sweep=True,
                   prog=prog)                  # the point's keys last, as point_jobs resolves them
 
 
@@ -227,10 +232,33 @@ def array_spec(indices: list[int]) -> str:
     return ",".join(runs)
 
 
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (`scontrol show config`): an array task's id is below it. SLURM's
+    default, 1001, where scontrol cannot tell."""
+    try:
+        shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        shown = ""
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", shown, re.MULTILINE)
+    return int(found.group(1)) if found else 1001
+
+
+def arrays(indices: list[int], size: int) -> list[tuple[int, list[int]]]:
+    """The points `indices` (increasing) as job arrays (base, task ids), every task id below `size`
+    (MaxArraySize): task t of an array runs point base + t. One array with base 0 where all fit."""
+    out = []
+    for index in indices:
+        if not out or index - out[-1][0] >= size:
+            out.append((0 if not out and index < size else index, []))
+        out[-1][1].append(index - out[-1][0])
+    return out
+
+
 def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> argparse.Namespace:
     """The run options every point gets, checked here and not in each array task after its wait in the
-    queue: options `hpcfl run` takes (sbatch's go after `--`), and no --set of a key the sweep sets on
-    its points (run.name or run.seed would send every point to one result file)."""
+    queue: options `hpcfl run` takes (sbatch's go after `--`), and no --set (or --results-root) of a key
+    the sweep sets on its points (run.name or run.seed would send every point to one result file; the
+    task reads the option last, the other commands the point)."""
     from hpcfl.launch import parser
 
     said = io.StringIO()
@@ -241,10 +269,12 @@ def _check_run_options(job: str, launch_args: list[str], swept: set[str]) -> arg
         why = said.getvalue().strip().splitlines()[-1].partition("error: ")[2]
         raise ConfigError(f"{shlex.join(launch_args)}: not options of a run (hpcfl run --help); sbatch's go after "
                           f"`--` (argparse: {why})") from None
-    clash = sorted(key for key in {o.partition("=")[0] for o in options.overrides}
+    given = {**{o.partition("=")[0]: f"--set {o.partition('=')[0]}" for o in options.overrides},
+             **({"run.results_root": "--results-root (run.results_root)"} if options.results_root else {})}
+    clash = sorted(key for key in given
                    if any(key == s or s.startswith(key + ".") or key.startswith(s + ".") for s in swept))
     if clash:
-        raise ConfigError(f"--set {clash[0]}: the sweep sets it on each point, or a key inside it, or the table "
+        raise ConfigError(f"{given[clash[0]]}: the sweep sets it on each point, or a key inside it, or the table "
                           "holding it (a point's run.name, run.seed, its arm's and grid's keys); change it in the "
                           "job's [sweep] table")
     return options
@@ -266,8 +296,9 @@ def default_script() -> Path:
 
 
 def submit(args, indices: list[int], count: int, launch_args: list[str], sbatch_args: list[str]) -> int:
-    """`sbatch --array=INDICES[%K] [sbatch options] SCRIPT JOB [run options]`, printed, then run: the
-    `indices` of the `count` points not complete yet."""
+    """`sbatch --array=INDICES[%K] [sbatch options] SCRIPT JOB --job-digest D [run options]`, printed,
+    then run: the `indices` of the `count` points not complete yet; as several arrays, the later with
+    --index-base, where the indices reach the cluster's MaxArraySize (`arrays`)."""
     script = Path(args.script) if args.script else default_script()
     if not script.is_file():
         sys.stderr.write(f"hpcfl: error: batch script {script} does not exist: pass --script PATH (hpcfl's "
@@ -280,16 +311,23 @@ def submit(args, indices: list[int], count: int, launch_args: list[str], sbatch_
     if not indices:
         print(f"hpcfl: {count} points{done}: nothing to submit")
         return Exit.DONE
-    array = f"--array={array_spec(indices)}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
-    command = ["sbatch", array, *sbatch_args, str(script), args.job, "--job-digest", digest(args.job), *launch_args]
-    print(f"hpcfl: {count} points{done}: {shlex.join(command)}", flush=True)
     # where the script finds site.sh: beside the script as named (a link to hpcfl's own keeps this folder's)
     env = {**os.environ, "HPCFL_SLURM": str(script.absolute().parent)}
-    try:
-        return subprocess.run(command, env=env).returncode
-    except FileNotFoundError:
-        sys.stderr.write("hpcfl: error: sbatch is not on PATH: submit from a SLURM login node\n")
-        return Exit.BAD_INPUT
+    parts = arrays(indices, max_array_size())
+    for n, (base, tasks) in enumerate(parts, 1):
+        array = f"--array={array_spec(tasks)}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
+        command = ["sbatch", array, *sbatch_args, str(script), args.job, "--job-digest", digest(args.job),
+                   *(["--index-base", str(base)] if base else []), *launch_args]
+        part = f" (array {n} of {len(parts)})" if len(parts) > 1 else ""
+        print(f"hpcfl: {count} points{done}{part}: {shlex.join(command)}", flush=True)
+        try:
+            status = subprocess.run(command, env=env).returncode
+        except FileNotFoundError:
+            sys.stderr.write("hpcfl: error: sbatch is not on PATH: submit from a SLURM login node\n")
+            return Exit.BAD_INPUT
+        if status:
+            return status
+    return Exit.DONE
 
 
 if __name__ == "__main__":

@@ -215,8 +215,9 @@ def test_a_job_file_with_a_sweep_runs_only_as_one_of_its_points(tmp_path):
 def test_the_whole_job_is_checked_once_resolved_and_its_tables_recorded_as_run(tmp_path):
     """What only the whole job shows is refused (a [sweep] outside hpcfl sweep, an unknown architecture,
     the algorithm's own rules, clients trained together where they cannot be, forgetting without a global
-    model); the resolved job is frozen, and records each parameter table as the run uses it: the model's
-    flat for one architecture, one table per architecture for several."""
+    model, anchors of round 0 under a model no client starts from); the resolved job is frozen, and
+    records each parameter table as the run uses it: the model's flat for one architecture, one table per
+    architecture for several."""
     from hpcfl.jobs import prepare
 
     path = tmp_path / "job.toml"
@@ -230,11 +231,16 @@ def test_the_whole_job_is_checked_once_resolved_and_its_tables_recorded_as_run(t
                 ({"model": {"architectures": ["fmnist_cnn", "fmnist_cnn_wide"]}}, "algorithm 'fedavg' shares whole"),
                 ({"train": {"batched_clients": 4, "precision": "bf16"}}, "train.precision = 'bf16' trains"),
                 ({"algorithm": {"name": "fedproto"}, "eval": {"forgetting": True}, "data": {"local_test_ratio": 0.3}},
-                 "eval.forgetting compares local models with the global model, which algorithm 'fedproto'")]
+                 "eval.forgetting compares local models with the global model, which algorithm 'fedproto'"),
+                ({"algorithm": {"name": "fedfm", "params": {"init": "independent", "start_round": 0}}},
+                 "start_round = 0.*init = 'independent'"),
+                ({"algorithm": {"params": {"init": "independent"}, "terms": {"fm_l2": {"start_round": 0}}}},
+                 "start_round >= 1 or init = 'shared'")]
     for raw, needle in refusals:
         with pytest.raises(ConfigError, match=needle):
             job_from_dict(raw)
     assert prepare({"eval": {"forgetting": True}}).config.eval.forgetting           # FedAvg has a global model
+    assert prepare({"algorithm": {"name": "fedfm", "params": {"init": "independent", "start_round": 1}}})
     job = prepare({})
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.moving = False

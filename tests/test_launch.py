@@ -150,6 +150,16 @@ def test_bad_config_exits_2_naming_the_key(tiny_job, tmp_path):
     assert launch(tiny_job(), "--check").returncode == 0
 
 
+def test_a_results_root_reaches_the_job_as_written(tiny_job):
+    """--results-root becomes run.results_root exactly: quotes, a backslash, a character past U+FFFF."""
+    from hpcfl.jobs import prepare
+    from hpcfl.launch import parser, run_overrides
+
+    for root in ("/scratch/me/fl\U0001f600", '/a "b"\\c'):
+        options = parser().parse_args([str(tiny_job()), "--results-root", root])
+        assert prepare(options.job, run_overrides(options)).config.run.results_root == root
+
+
 def test_help_documents_the_options():
     result = launch("--help")
     assert result.returncode == 0

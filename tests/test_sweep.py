@@ -11,7 +11,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.init import TEMPLATES
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
-from hpcfl.sweep import array_spec, digest, main, points, toml_value
+from hpcfl.sweep import array_spec, arrays, digest, main, points, toml_value
 
 SWEEP = """
 [run]
@@ -135,8 +135,10 @@ def test_an_arm_naming_a_plug_in_term_in_table_form_runs_with_its_parameters(job
     assert config["algorithm"]["terms"] == {"labfl.term:Centring": {"weight": 0.02}}
 
 
-@pytest.mark.parametrize("value", [True, 3, 0.25, 'say "hi"', [0.1, [1, 2]], {"mu": 0.01, "pkg.mod:T": {"w": [1]}}])
+@pytest.mark.parametrize("value", [True, 3, 0.25, 'say "hi"', [0.1, [1, 2]], {"mu": 0.01, "pkg.mod:T": {"w": [1]}},
+                                   "caf\U0001f600", "\U00020000 a\x7fb\\c\nd", {"k\U0001f600": "é"}])
 def test_a_sweep_value_is_written_as_the_toml_that_reads_it_back(value):
+    """Characters past U+FFFF too (JSON's ASCII escape pairs for them are no TOML), and DEL."""
     assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
 
 
@@ -198,6 +200,11 @@ def test_run_options_are_checked_before_anything_runs_or_is_submitted(job, tmp_p
             assert "usage:" not in err                      # one hpcfl error, not argparse's usage block first
     assert "(argparse: unrecognized arguments: --ntasks=3)" in err
     assert not sbatch.exists()
+    rooted = tmp_path / "rooted.toml"            # arms with results roots of their own: --results-root clashes
+    rooted.write_text('[sweep]\nseeds = [0]\n[sweep.arms.A]\n"run.results_root" = "rootA"\n'
+                      '[sweep.arms.B]\n"run.results_root" = "rootB"\n')
+    assert main([str(rooted), "--list", "--results-root", str(tmp_path / "x")]) == 2
+    assert "--results-root (run.results_root): the sweep sets it on each point" in capsys.readouterr().err
     assert main([str(job), "--submit", "--script", str(job), "--set", "train.lr=0.05", "--", "--ntasks=3"]) == 0
     assert sbatch.read_text().split()[-5:] == [str(job), "--job-digest", digest(str(job)), "--set", "train.lr=0.05"]
 
@@ -231,12 +238,16 @@ def test_the_command_line_is_read_from_sys_argv_by_default(job, capsys, monkeypa
 
 @pytest.fixture
 def sbatch(tmp_path, monkeypatch):
-    """A stand-in `sbatch` on PATH that records its arguments and exits with $FAKE_EXIT."""
+    """A stand-in `sbatch` on PATH that records its arguments (the last call's in "called", every call's in
+    "calls") and exits with $FAKE_EXIT, and an `scontrol` that shows MaxArraySize = $FAKE_MAX_ARRAY."""
     fake = tmp_path / "bin" / "sbatch"
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "called"}\necho "$HPCFL_SLURM" > {tmp_path / "hpcfl_slurm"}\n'
-                    'exit "${FAKE_EXIT:-0}"\n')
-    fake.chmod(0o755)
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "called"}\necho "$@" >> {tmp_path / "calls"}\n'
+                    f'echo "$HPCFL_SLURM" > {tmp_path / "hpcfl_slurm"}\nexit "${{FAKE_EXIT:-0}}"\n')
+    (fake.parent / "scontrol").write_text('#!/bin/sh\necho "MaxJobCount             = 10000"\n'
+                                          'echo "MaxArraySize            = ${FAKE_MAX_ARRAY:-1001}"\n')
+    for tool in fake.parent.iterdir():
+        tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     return tmp_path / "called"
 
@@ -289,6 +300,27 @@ def test_submit_refuses_a_negative_limit_and_says_where_sbatch_is_missing(job, t
 def test_the_array_lists_runs_of_indices_as_ranges():
     assert [array_spec(i) for i in ([0, 1, 2, 3], [0, 1, 2, 3, 5, 7, 8, 9], [4], [1, 3])] == ["0-3", "0-3,5,7-9", "4",
                                                                                              "1,3"]
+
+
+def test_points_past_the_clusters_max_array_size_go_in_more_arrays_each_task_to_its_point(job, tmp_path, sbatch,
+                                                                                           capsys, monkeypatch):
+    """SLURM refuses an array task id >= MaxArraySize: 8 points under MaxArraySize 3 are 3 arrays, task t of
+    the one with --index-base B runs point B + t; where all ids fit, one array without a base."""
+    assert [arrays(i, 3) for i in ([0, 1, 2], [1, 2, 4, 5, 6, 9])] == [[(0, [0, 1, 2])],
+                                                                      [(0, [1, 2]), (4, [0, 1, 2]), (9, [0])]]
+    monkeypatch.setenv("FAKE_MAX_ARRAY", "3")
+    assert main([str(job), "--submit", "--script", str(job), "--max-concurrent", "2"]) == 0
+    calls = [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+    assert [(c[0], c[5:]) for c in calls] == [("--array=0-2%2", []), ("--array=0-2%2", ["--index-base", "3"]),
+                                              ("--array=0-1%2", ["--index-base", "6"])]
+    assert "hpcfl: 8 points (array 2 of 3): sbatch --array=0-2%2" in capsys.readouterr().out
+    results = ["--results-root", str(tmp_path / "results")]
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
+    assert main([str(job), "--index-base", "3", *results]) == 0                 # point 5
+    assert read_run(tmp_path / "results" / "grid" / "sweep-fedprox-0.1-seed1.h5").attrs["status"] == "completed"
+    monkeypatch.setenv("FAKE_EXIT", "4")                                          # a failing sbatch stops the rest
+    assert main([str(job), "--submit", "--script", str(job), *results]) == 4
+    assert len((tmp_path / "calls").read_text().splitlines()) == 4
 
 
 def test_a_resubmitted_sweep_asks_only_for_the_points_not_complete(job, tmp_path, sbatch, capsys):

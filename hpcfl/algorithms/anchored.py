@@ -2,13 +2,14 @@
 
 With a feature-matching term in the job (`fm_cg`, `fm_l2`; `fedfm` is FedAvg with `fm_cg`), every
 round from the term's start round opens with the anchor phase: the server sends the global model
-and the global anchors, each sampled client sends its per-class feature sums under that model
-(hpcfl.algorithms.anchors), and the server updates the anchors. The algorithm's own phases then carry the
-anchors instead of the model, which the clients already hold. `WithAnchors` does all of it around
-the algorithm it wraps, the way a strategy wraps a strategy (flower's dp_fixed_clipping): the
-wrapped algorithm never sees the anchor phase, and FedAvg, FedProx, FedNova, MOON, ... all get it by
-configuration. An algorithm that carries anchors in its own phases (FedFM-Lite: one handshake) or
-cannot use them (no global model) is not wrapped: `wrap` asks its `traits.anchor_phase`.
+(with the global anchors under `uniform` weighting, whose local anchors need them), each sampled
+client sends its per-class feature sums under that model (hpcfl.algorithms.anchors), and the server
+updates the anchors. The algorithm's own phases then carry the anchors instead of the model, which
+the clients already hold. `WithAnchors` does all of it around the algorithm it wraps, the way a
+strategy wraps a strategy (flower's dp_fixed_clipping): the wrapped algorithm never sees the anchor
+phase, and FedAvg, FedProx, FedNova, MOON, ... all get it by configuration. An algorithm that
+carries anchors in its own phases (FedFM-Lite: one handshake) or cannot use them (no global model)
+is not wrapped: `wrap` asks its `traits.anchor_phase`.
 """
 import dataclasses
 

@@ -1,5 +1,5 @@
 """FedFM-Lite — Ye et al., "FedFM: Anchor-based Feature Matching for Data Heterogeneity in Federated
-Learning", IEEE TSP 2023, section VI and Table V. The authors released no code for it; this follows
+Learning", IEEE TSP 2023, section VI and Fig. 7 (section VII-C-3). The authors released no code for it; this follows
 the paper.
 
 One handshake per round: clients train with CE + lambda * contrastive guiding against the global

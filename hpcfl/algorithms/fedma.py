@@ -16,10 +16,12 @@ A round of an N-layer network has N + 1 phases:
   the rest for `retrain_epochs` (`retrain = false`: PFNM-style one-shot matching, no retraining).
   After layer N-1 only the last layer trains, at train.lr * `last_lr_scale` (0.1) for
   `retrain_epochs` * `last_epochs_scale` (3) epochs: the authors' code (IBM/FedMA main.py,
-  `local_retrain` at freezing_index = len(weights) - 2) does this for every model and in every
-  round, as its `fedma_comm` re-runs BBP_MAP each round; the paper (Appendix A) reports it for VGG-9.
-  Set both to 1 to retrain it like the other layers. Their code also drops weight decay in the
-  other retraining phases and uses 1e-4 in this one; we keep train.weight_decay throughout;
+  `local_retrain` at freezing_index = len(weights) - 2) does this for every CNN and in every
+  round, as its `fedma_comm` re-runs BBP_MAP each round; the paper (Appendix A) reports it for VGG-9
+  only, and their LSTM script (language_modeling/lstm_fedma_with_comm.py) retrains the decoder like
+  the other layers. Set both to 1 to retrain it like the other layers (the Shakespeare job does).
+  Their code also drops weight decay in the other retraining phases and uses 1e-4 in this one; we
+  keep train.weight_decay throughout;
 - `match_<last>`: the last layer is not matched but averaged per class, each client's row of class k
   weighted by its share of the class-k samples (Algorithm 1's p_jk; a class nobody holds: plain mean).
 Every client takes part in every round, as in the paper: an assignment refers to the global model it

@@ -9,6 +9,11 @@ committed rounds are read, so a crashed or running run exports what it finished,
 without internet. The HDF5 file stays the source of truth: exporting a run again replaces what an
 earlier export wrote for it.
 
+A run is known to the tracker by its study and run name. Files of one export that share both (two
+results roots, say) would overwrite each other there, so each of them is named `<run>-<8 hex digits of
+its resolved path's SHA-256>` instead (`tracker_names`): the same name on every export of the same
+files, so a re-export still replaces its own runs.
+
 - tensorboard: DIR/<study>/<run>/, one event file (`tensorboard --logdir DIR`).
 - mlflow: a file store in DIR (`mlruns` layout), one experiment per study, one run per result file
   named after it, the configuration as flattened parameters. MLflow keeps its file store in
@@ -22,8 +27,8 @@ import json
 import os
 import shutil
 import time
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +46,11 @@ TARGETS = tuple(NEEDS)
 VIEW = {"tensorboard": "tensorboard --logdir {out}",
         "mlflow": "MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {out} (the ui needs pip install mlflow)",
         "wandb": "wandb sync {out}/wandb/offline-run-* (uploads them)"}
+
+
+def _identity(path: Path, attrs: dict) -> tuple[str, str]:
+    """(study, run name) as the result file records them."""
+    return str(attrs.get("study", "")), str(attrs.get("run", path.stem))
 
 
 @dataclass
@@ -64,8 +74,8 @@ class Replay:
             steps = [run.rounds] if name.startswith("final/") else range(1, len(series) + 1)
             scalars += [(name, step, float(v)) for step, v in zip(steps, np.atleast_1d(series), strict=True)
                         if np.isfinite(v)]
-        return cls(str(run.attrs.get("study", "")), str(run.attrs.get("run", path.stem)),
-                   ran_with(run.attrs), str(run.attrs.get("status", "running")), run.rounds, scalars)
+        return cls(*_identity(path, run.attrs), ran_with(run.attrs), str(run.attrs.get("status", "running")),
+                   run.rounds, scalars)
 
     def by_step(self) -> dict[int, dict[str, float]]:
         steps = defaultdict(dict)
@@ -147,12 +157,29 @@ def export(paths, out: Path, to: str = "tensorboard") -> tuple[list[Path], list[
                            f"(or, in hpcfl's checkout, pip install '.[{to}]')") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    written, problems = [], []
-    for path in find_files(paths):
+    names, problems = tracker_names(find_files(paths))
+    written = []
+    for path, name in names.items():
         try:
             replay = Replay.of(path)
-        except ResultsError as err:
+        except ResultsError as err:           # its arrays damaged: only its attributes were read so far
             problems.append(str(err))
             continue
-        written.append(WRITERS[to](replay, out))
+        written.append(WRITERS[to](replace(replay, name=name), out))
     return written, problems
+
+
+def tracker_names(paths: list[Path]) -> tuple[dict[Path, str], list[str]]:
+    """Each readable file's run name in the tracker, and the files not read: its own name, unless another
+    of `paths` has the same study and name (they would overwrite each other); then the name and 8 hex
+    digits of the file's resolved path, which a re-export of the file gives again. Reads attributes only."""
+    found, problems = {}, []
+    for path in paths:
+        try:
+            found[path] = _identity(path, read_run(path, keys=()).attrs)
+        except ResultsError as err:
+            problems.append(str(err))
+    shared = Counter(found.values())
+    return {path: name if shared[study, name] == 1
+            else f"{name}-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}"
+            for path, (study, name) in found.items()}, problems

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from hpcfl.analysis.results import Results, bytes_exchanged, completed, shown
+from hpcfl.analysis.results import PER_ROUND, Results, bytes_exchanged, completed, shown
 from hpcfl.analysis.tables import round_means
 
 # what a recorded metric's name means, for an axis; any other key is shown as its own words
@@ -56,7 +56,12 @@ def curve_figure(results: Results, by: list[str], metric: str = "round/test_acc"
     MB exchanged (x = "bytes": up, down and client to client, bytes_exchanged), with a band of ± one
     population std over the group's runs, to the shortest run's length; rounds without a value are
     skipped. Raises ValueError, naming what is missing, when there is nothing to draw (no completed run
-    recorded `metric`, or the bytes for x = "bytes")."""
+    recorded `metric`, or the bytes for x = "bytes"), and when `metric` is not recorded per round (final/...,
+    a fixed array): a line against rounds would invent rounds for it."""
+    if not metric.startswith(PER_ROUND):
+        raise ValueError(f"{metric} is not recorded per round, so it has no curve: --metric of curves takes a "
+                         "round/... or client/... array (a final/... figure, written once after the last round, "
+                         "is per group in `hpcfl analyze table --metric final/...`)")
     fig = Figure(figsize=(6, 4.4))
     ax = fig.add_subplot()
     done = results.runs[completed(results.runs)]

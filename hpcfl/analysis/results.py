@@ -109,17 +109,31 @@ def truncate(results: Results, rounds: int | None = None, max_bytes: float | Non
     return Results(results.runs.assign(rounds=kept), series, results.problems)
 
 
+def _positions(shape: tuple) -> list:
+    """Each entry's position in an array of `shape`: an int along one axis, a tuple along more."""
+    return [e[0] if len(e) == 1 else e for e in np.ndindex(shape)]
+
+
 def tidy(results: Results) -> pd.DataFrame:
     """One row per run x round x metric: path, round, metric, value, and the run's config keys. A metric
     with more values per round (client/*, rank/*, class/*: round x entry; client_class/*: round x client
     x class) gives a row per entry, its position in `index` (an int, or a tuple); per-round metrics
-    have index -1."""
-    frames = []
+    have index -1. Only PER_ROUND arrays have a row per round: a figure written once after the last
+    round (final/*) sits at the run's last committed round, beside that round's figures, and a fixed
+    array (partition, example/local_test_sizes) has no round (<NA>; `round` is a nullable Int64) and a
+    row per entry."""
+    frames, last = [], dict(zip(results.runs["path"], results.runs["rounds"] - 1, strict=True))
     for path, metrics in results.series.items():
         for metric, values in metrics.items():
-            index = [-1] if values.ndim == 1 else [e[0] if len(e) == 1 else e for e in np.ndindex(values.shape[1:])]
-            frames.append(pd.DataFrame({"path": path, "round": np.repeat(np.arange(len(values)), len(index)),
-                                        "metric": metric, "index": index * len(values),
+            if metric.startswith(PER_ROUND):
+                index = [-1] if values.ndim == 1 else _positions(values.shape[1:])
+                rounds, index = np.repeat(np.arange(len(values)), len(index)), index * len(values)
+            else:
+                final = metric.startswith("final/")
+                index = [-1] if final and values.size == 1 else _positions(values.shape)
+                rounds = [last[path] if final else pd.NA] * len(index)
+            frames.append(pd.DataFrame({"path": path, "round": pd.array(rounds, dtype="Int64"),
+                                        "metric": metric, "index": index,
                                         "value": values.reshape(-1)}))
     long = (pd.concat(frames, ignore_index=True) if frames
             else pd.DataFrame(columns=["path", "round", "metric", "index", "value"]))

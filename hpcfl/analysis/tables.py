@@ -313,6 +313,11 @@ def _cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return columns, [list(row) for row in zip(*cells, strict=True)]
 
 
+# text -> LaTeX, one character at a time (so that no replacement's backslash or brace is escaped again)
+LATEX = str.maketrans({"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "%": r"\%", "&": r"\&", "#": r"\#",
+                       "$": r"\$", "^": r"\textasciicircum{}", "~": r"\textasciitilde{}", "_": r"\_", "±": r"$\pm$"})
+
+
 def render(table: pd.DataFrame, fmt: str = "md") -> str:
     """The table as Markdown ("md"), CSV (raw numbers) or LaTeX (a tabular). The table's legend
     (attrs["legend"]: what its "±" means) follows a Markdown table after a blank line, a LaTeX one as
@@ -326,9 +331,8 @@ def render(table: pd.DataFrame, fmt: str = "md") -> str:
         lines += ["| " + " | ".join(r) + " |" for r in rows] + (["", legend] if legend else [])
         return "\n".join(lines) + "\n"
     if fmt == "latex":
-        escape = lambda text: text.replace("_", r"\_").replace("±", r"$\pm$")      # noqa: E731
         lines = [r"\begin{tabular}{" + "l" * len(columns) + "}", r"\hline",
-                 " & ".join(escape(c) for c in columns) + r" \\", r"\hline"]
-        lines += [" & ".join(escape(c) for c in r) + r" \\" for r in rows]
+                 " & ".join(c.translate(LATEX) for c in columns) + r" \\", r"\hline"]
+        lines += [" & ".join(c.translate(LATEX) for c in r) + r" \\" for r in rows]
         return "\n".join(lines + [r"\hline", r"\end{tabular}"] + ([f"% {legend}"] if legend else [])) + "\n"
     raise ValueError(f"format {fmt!r}: choose md, csv or latex")

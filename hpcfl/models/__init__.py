@@ -26,9 +26,10 @@ from hpcfl.plugins import Registry, callable_check
 MODELS = Registry("model.name", callable_check("a model constructor"), {
     "fmnist_cnn": FmnistCNN,        # FedCME, 128
     # FedProto's heterogeneous clients: the same two-conv CNN with other channel counts, 128
-    "fmnist_cnn_narrow": partial(FmnistCNN, width=8),
-    "fmnist_cnn_wide": partial(FmnistCNN, width=32),
-    "fmnist_cnn_bn": partial(FmnistCNN, batchnorm=True),   # BatchNorm after each conv and the 128-d layer, 128
+    "fmnist_cnn_narrow": partial(FmnistCNN, width=8, name="fmnist_cnn_narrow"),
+    "fmnist_cnn_wide": partial(FmnistCNN, width=32, name="fmnist_cnn_wide"),
+    # BatchNorm after each conv and the 128-d layer, 128
+    "fmnist_cnn_bn": partial(FmnistCNN, batchnorm=True, name="fmnist_cnn_bn"),
     "tcnn": TCNN,                   # FedKA appendix A.1, 512
     "lenet": LeNet,                 # FedMA (MNIST), 500
     "vgg9": VGG9,                   # FedMA Table 4, no BatchNorm, 512

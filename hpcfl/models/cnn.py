@@ -21,9 +21,8 @@ class FmnistCNN(nn.Module):
     Options = HeadOptions
 
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, width: int = 16, feature_dim: int = 128,
-                 batchnorm: bool = False, options: HeadOptions = DEFAULT_HEAD):
+                 batchnorm: bool = False, name: str = "fmnist_cnn", options: HeadOptions = DEFAULT_HEAD):
         super().__init__()
-        name = "fmnist_cnn_bn" if batchnorm else "fmnist_cnn"
         channels, *sides = image_shape(in_shape, name)
         pad = 2 if min(sides) < 20 else 0           # keep small inputs (8x8 digits) from vanishing
 

@@ -4,8 +4,8 @@
            Federated Learning", IEEE TSP 2023, section IV-C: weight * CE(softmax(<a_n, z> / tau), c)
            over the C global anchors a_n, with z = features(x) and the anchors L2-normalised (the
            authors' code), from round `start_round` (T_s) on. `fm_l2`: eq. (3), weight * ||z - a_c||^2
-           with z and a_c normalised (section V-A), averaged over batch and dimensions as in the
-           authors' `matching_l2`; both terms default to the paper's lambda = 50.
+           with z and a_c normalised (z: section VII-A; a_c: the authors' code), averaged over batch
+           and dimensions as in the authors' `matching_l2`; both terms default to the paper's lambda = 50.
            Both need global anchors: the algorithm adds FedFM's anchor phase (hpcfl.algorithms.anchors) to its rounds.
 
 A class no client has sent features of yet has no anchor (the paper samples every client, so every
@@ -57,7 +57,8 @@ class ContrastiveGuiding(FeatureMatching):
 
 class L2Matching(FeatureMatching):
     """Squared distance between normalised feature and anchor, averaged over samples and dimensions
-    (section V-A normalises features before either loss; the authors' `matching_l2` takes the MSE)."""
+    (section VII-A normalises features before the matching loss, the authors' code the anchors too; their
+    `matching_l2` takes the MSE)."""
     name = "fm_l2"
 
     def match(self, features, y):

@@ -228,3 +228,28 @@ def test_a_tracker_is_given_the_job_as_it_ran_with_the_defaults_it_left_out(tmp_
     Recorder.create(tmp_path / "r.h5", {"run": "r", "config": config, "resolved": resolved}).close()
     ran = {"run": {"seed": 0}, "algorithm": {"name": "fedprox", "params": {"mu": 0.01}, "terms": {}}}
     assert Replay.of(tmp_path / "r.h5").config == ran
+
+
+def test_files_of_one_export_with_the_same_study_and_run_keep_a_run_each(tmp_path, capsys):
+    """Two results roots holding study s, run r with different losses: each gets its own folder, named
+    after its resolved path, which a second export replaces rather than adds to; a run whose name no
+    other file shares keeps it."""
+    import hashlib
+
+    from hpcfl.metrics import Recorder
+    losses = {"a": 0.5, "b": 0.25}
+    for root, loss in losses.items():
+        with Recorder.create(tmp_path / root / "s" / "r.h5", {"study": "s", "run": "r", "config": {}}) as recorder:
+            recorder.append_round(0, {"round/train_loss": loss})
+    with Recorder.create(tmp_path / "a" / "s" / "q.h5", {"study": "s", "run": "q", "config": {}}) as recorder:
+        recorder.append_round(0, {"round/train_loss": 1.0})
+    for _ in range(2):
+        assert main(["export", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "tb")]) == 0
+        assert "3 run(s) written" in capsys.readouterr().out
+    named = {root: "r-" + hashlib.sha256(str((tmp_path / root / "s" / "r.h5").resolve()).encode()).hexdigest()[:8]
+             for root in losses}
+    assert sorted(p.name for p in (tmp_path / "tb" / "s").iterdir()) == sorted([*named.values(), "q"])
+    for root, loss in losses.items():
+        folder = tmp_path / "tb" / "s" / named[root]
+        assert len(list(folder.iterdir())) == 1                     # one event file: replaced, not added to
+        assert [e.value for e in _read(folder).Scalars("round/train_loss")] == [loss]

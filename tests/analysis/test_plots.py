@@ -61,6 +61,21 @@ def test_nothing_to_draw_is_an_error_naming_what_is_missing(tmp_path, capsys, ar
     assert missing in capsys.readouterr().err and not out.exists()
 
 
+def test_a_metric_not_recorded_per_round_has_no_curve(tmp_path, capsys):
+    """final/feature_nmi is written once, after the last round: a curve would draw it at round 1."""
+    import h5py
+    path = _write(tmp_path, "fedavg", 0.1, 0, [0.2, 0.5])
+    with h5py.File(path, "a") as f:
+        f["final/feature_nmi"] = 0.75
+    out = tmp_path / "curves.png"
+    assert main(["curves", str(path), "--metric", "final/feature_nmi", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "final/feature_nmi is not recorded per round" in err and "analyze table --metric final/" in err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="partition is not recorded per round"):
+        curve_figure(load([path], metrics=("partition",)), [], "partition")
+
+
 def test_importing_the_plots_leaves_the_backend_and_pyplot_alone():
     probe = ("import sys, matplotlib; import hpcfl.analysis.plots; "
              "print(matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules)")

@@ -135,6 +135,37 @@ def test_tidy_gives_a_row_per_rank_and_per_client_and_class(folder):
     assert np.allclose(forgetting["value"], [0.2, np.nan, 0.4, 0.1], equal_nan=True)
 
 
+def test_tidy_puts_a_final_figure_at_the_last_round_and_gives_a_fixed_array_no_round(tmp_path):
+    """final/* sits at the last committed round (3 of 0..3), beside that round's figures; partition
+    (client x class) and example/local_test_sizes (per client) have no round, so a pivot on round
+    leaves them out rather than spreading them over rounds 0, 1 as if they were series."""
+    import h5py
+    path = _write(tmp_path, "fedavg", 0.1, 0, [0.2, 0.5, np.nan, 0.6])
+    with h5py.File(path, "a") as f:
+        f["final/feature_nmi"], f["example/local_test_sizes"] = 0.75, np.array([4, 6])
+    long = tidy(load([path], metrics=("round/test_acc", "final/feature_nmi", "partition", "example/local_test_sizes")))
+    final = long[long["metric"] == "final/feature_nmi"]
+    assert list(final["round"]) == [3] and list(final["index"]) == [-1] and list(final["value"]) == [0.75]
+    partition = long[long["metric"] == "partition"]
+    assert partition["round"].isna().all() and list(partition["value"]) == [5, 0, 1, 0, 3, 3]
+    assert list(partition["index"]) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    sizes = long[long["metric"] == "example/local_test_sizes"]
+    assert sizes["round"].isna().all() and list(sizes["index"]) == [0, 1] and list(sizes["value"]) == [4, 6]
+    wide = long.pivot_table(index="round", columns="metric", values="value")
+    assert list(wide.columns) == ["final/feature_nmi", "round/test_acc"] and list(wide.index) == [0, 1, 3]
+    assert wide.loc[3].tolist() == [0.75, 0.6]
+
+
+def test_latex_escapes_every_special_character():
+    table = pd.DataFrame({"run.arm": ["FedFM 10% & {x}", "a\\b #1 $2 ^3 ~4 _5"], "final_mean": [0.5, 0.25],
+                          "final_std": [0.1, 0.0]})
+    rows = render(table, "latex").splitlines()
+    assert rows[2] == r"run.arm & final \\"
+    assert rows[4] == r"FedFM 10\% \& \{x\} & 0.5000 $\pm$ 0.1000 \\"
+    assert rows[5] == (r"a\textbackslash{}b \#1 \$2 \textasciicircum{}3 \textasciitilde{}4 \_5 & "
+                       r"0.2500 $\pm$ 0.0000 \\")
+
+
 def test_renderings_carry_the_numbers(folder):
     table = summary(load([folder]), ["algorithm.name"])
     md = render(table, "md").splitlines()         # fedprox last 10: (0.5+0.9+0.7)/3, (0.6+0.7+0.9)/3

@@ -278,12 +278,13 @@ def test_non_square_images_work_either_way_round_or_are_refused_by_their_short_s
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_bad_or_tiny_inputs_give_config_errors(name):
-    """8x8 digits either work or are refused with a ConfigError; a wrong rank always is."""
+    """8x8 digits either work or are refused with a ConfigError; a wrong rank always is, naming the model
+    the job picked."""
     if name == "char_lstm":
         with pytest.raises(ConfigError):
             build_model(name, (1, 28, 28), 10)
         return
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=f"model '{name}' takes images"):
         build_model(name, (SEQ_LEN,), 10)
     try:
         model = build_model(name, (1, 8, 8), 10)
