@@ -199,13 +199,17 @@ CHOICES = {
     "model.batchnorm": ("average", "local"),
     "train.on_nonfinite": ("stop", "drop"),
 }
+# data.min_samples >= 1: a client without samples trains on an empty batch, whose loss is NaN
 POSITIVE = {"run.rounds", "data.num_clients", "train.clients_per_round", "train.local_epochs",
-            "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep"}
-NON_NEGATIVE = {"run.seed", "data.min_samples", "data.train_samples", "train.momentum", "train.weight_decay",
+            "train.batch_size", "train.lr", "eval.every", "eval.batch_size", "run.threads", "run.checkpoint_keep",
+            "data.min_samples"}
+NON_NEGATIVE = {"run.seed", "data.train_samples", "train.momentum", "train.weight_decay",
                 "data.local_test_ratio", "run.checkpoint_every", "run.round_timeout_s"}
 # Keys that change how a run computes, not what: its numbers at most to float rounding (the device, the
 # threads, the convolutions' layout, clients trained together), or where its files lie (the results, the
-# data). A run may resume with other values, and the analysis never groups or pairs runs by them.
+# data). A run may resume with other values, and the analysis never groups or pairs runs by them. One
+# exception: an augmenting job's crops are drawn on the client's device, so a GPU and a CPU see other
+# crops (docs: Determinism).
 NON_RESULT_KEYS = ("run.results_root", "data.root", "run.checkpoint_every", "run.checkpoint_keep",
                    "run.round_timeout_s", "run.threads", "run.device", "run.placement", "run.memory_format",
                    "train.batched_clients", "train.cuda_graphs")

@@ -166,6 +166,7 @@ def test_the_edges_of_each_range_are_accepted(keys):
 
 @pytest.mark.parametrize("keys, message", [
     ({"run.rounds": 0}, "run.rounds = 0 must be > 0"),
+    ({"data.min_samples": 0}, "data.min_samples = 0 must be > 0"),           # an empty client's loss is NaN
     ({"run.seed": -1}, "run.seed = -1 must be >= 0"),
     ({"run.seed": -2 ** 63}, "run.seed = -9223372036854775808 must be >= 0"),     # 64 bits, then the range
     ({"run.seed": -2 ** 63 - 1}, "out of range: integers have 64 bits"),

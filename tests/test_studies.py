@@ -11,7 +11,7 @@ import h5py
 import pytest
 
 from hpcfl.config import read_job_file
-from hpcfl.jobs import load_job
+from hpcfl.jobs import prepare
 from hpcfl.metrics import read_run
 from hpcfl.sweep import points
 
@@ -25,8 +25,12 @@ def test_the_studies_are_shipped():
 
 @pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: str(p.parent.relative_to(REPO / "studies") / p.name))
 def test_every_point_of_every_study_is_a_valid_job_with_its_results_in_its_folder(sweep):
+    """...in its study's folder, its arms paired (the same seeds and splits) and started alike: the clients
+    of every arm at one grid point each from its own initial model, or all from one (`init`; an algorithm
+    without it starts them from the global model)."""
     todo = points(read_job_file(sweep))
-    configs = [load_job(sweep, overrides, allow_sweep=True) for overrides in todo]
+    jobs = [prepare(sweep, overrides, allow_sweep=True) for overrides in todo]
+    configs = [job.config for job in jobs]
     assert len({c.result_path for c in configs}) == len(configs)
     folder = "results" if sweep.name == "sweep.toml" else f"results-{sweep.stem}"       # one folder per sweep file
     assert all(c.result_path.parent == sweep.parent.relative_to(REPO) / folder for c in configs)
@@ -35,6 +39,11 @@ def test_every_point_of_every_study_is_a_valid_job_with_its_results_in_its_folde
     for arm in arms:                        # arms are paired: the same seeds and the same split seeds
         assert {(c.run.seed, c.data_seed) for c in configs if c.run.arm == arm} == {(c.run.seed, c.data_seed)
                                                                                    for c in configs}
+    starts = {}
+    for job in jobs:
+        point = job.config.run_name.replace(f"-{job.config.run.arm}-", "-")
+        starts.setdefault(point, set()).add(getattr(job.algorithm, "init", "shared"))
+    assert all(len(alike) == 1 for alike in starts.values()), starts
 
 
 TINY = """

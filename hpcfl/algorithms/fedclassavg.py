@@ -47,6 +47,7 @@ from hpcfl.algorithms.personal import Personal
 from hpcfl.errors import ConfigError
 from hpcfl.seeding import torch_seed
 from hpcfl.terms import Prox, SupCon
+from hpcfl.terms.contrastive import check_temperatures
 
 SHARED = "shared"
 WARMED = "warmup"        # the owner of a client's flag that it has warmed up (its own model may come first)
@@ -70,6 +71,7 @@ class FedClassAvg(Personal):
 
         def __post_init__(self):
             super().__post_init__()
+            check_temperatures(self.temperature, self.base_temperature)
             if self.share not in ("classifier", "all"):
                 raise ValueError(f"share = {self.share!r}; choose 'classifier' or 'all'")
             if not self.supcon_weight >= 0:

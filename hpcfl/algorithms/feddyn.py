@@ -8,6 +8,13 @@ w^t = (1/|cohort|) sum_k w_k - h / alpha. Averaging is uniform over the cohort, 
 buffers (BatchNorm statistics) take the plain cohort mean. The authors' code instead scales alpha per
 client by its size (alpha_k = alpha / (n_k / mean n)) with the same uniform mean: with clients of
 unequal sizes the two differ, and this is the paper's.
+
+The accuracy recorded (round/test_acc) is w^t's, the model the clients receive. The authors' code
+builds that model but tests two others, the plain mean of the cohort's trained models and of every
+client's latest one (utils_methods.py, train_FedDyn: the curves of their example script), which
+differ from w^t by h / alpha, largest early in training: set FedDyn figures from hpcfl beside the
+paper's curves with that in mind. Their local steps also clip the gradient's norm at 10, which
+hpcfl's do not (no other algorithm's do either).
 """
 from dataclasses import dataclass
 

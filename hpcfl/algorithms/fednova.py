@@ -1,8 +1,8 @@
 """FedNova — Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
 Optimization", NeurIPS 2020, eq. (6)-(7) (normalised averaging).
 
-Client i with sample share p_i (its share of the round's cohort, as in the authors' code under
-sampling; the paper's p_i is over all clients) takes tau_i local steps; its normalised update is
+Client i with sample share p_i (its share of the round's cohort: our choice, since the authors' code
+trains every client every round; the paper's p_i is over all clients) takes tau_i local steps; its normalised update is
 d_i = (x - y_i) / a_i with a_i = ||a_i||_1 the sum of its step weights, and the server sets
 x <- x - tau_eff * sum_i p_i d_i with tau_eff = sum_i p_i a_i. For plain SGD a_i = tau_i; with
 momentum rho and a proximal term mu, a_i is the local solver's own count (`normalising_steps`): how

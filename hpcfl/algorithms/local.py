@@ -10,11 +10,15 @@
   payload on evaluation rounds. Every client must train every round (clients_per_round = num_clients)
   so that every local model votes; each client also reports its own model's test accuracy.
 
-Both take `init` (hpcfl.algorithms.initial): "shared", every client's model starts as the run's one
-initial model of its architecture; "independent", as its own initialisation, held as the client's
-state from the start of the run (so a client first sampled in a later round starts from it too), as
-the local models of FedMA's authors' ensemble (IBM/FedMA main.py: one network per client, `init_models`).
+Both take `init` (hpcfl.algorithms.initial): "independent" (the default: clients that never
+communicate share no initial model), each client's model starts as its own initialisation, held as
+the client's state from the start of the run (so a client first sampled in a later round starts from
+it too), as the local models of FedMA's authors' ensemble (IBM/FedMA main.py: one network per client,
+`init_models`) and of FedClassAvg's local baseline, whose default it also is; "shared", as the run's
+one initial model of its architecture.
 """
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -30,8 +34,12 @@ PROBS = "probs"
 
 class LocalOnly(Personal):
     """Local training only: no communication; each client continues from its own model (personalised accuracy)."""
-    name, Params = "local_only", InitParams
+    name = "local_only"
     traits = Personal.traits
+
+    @dataclass(frozen=True)
+    class Params(InitParams):
+        init: str = "independent"
 
     def plan(self, round):
         return [Phase("train")]

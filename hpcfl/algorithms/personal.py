@@ -55,7 +55,8 @@ class Personal(Algorithm):
         client.state["model"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def start_own(self, model, client, received: Tensors | None = None) -> Tensors:
-        """Load the client's own model overwritten by the `received` tensors; returns the state loaded."""
-        start = {**self.own_model(client), **(received or {})}
+        """Load the client's own model overwritten by the `received` tensors, but for its own BatchNorm
+        layers (model.batchnorm = "local", as `start_from`); returns the state loaded."""
+        start = {**self.own_model(client), **(received or {}), **client.state.get("bn", {})}
         load_state(model, start)
         return start

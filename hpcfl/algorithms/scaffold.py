@@ -6,7 +6,7 @@ gradient is exactly that correction). After its local steps the client sets
 c_i+ = c_i - c + (x - y_i) / (a_i lr) and sends y_i and c_i+ - c_i. The server sets
 x <- x + server_lr * (mean_i y_i - x) and c <- c + (1/N) sum_{i in cohort} (c_i+ - c_i), with N the
 number of *all* clients (eq. 5: the average over every client's c_i, not only the sampled ones,
-which NIID-Bench gets wrong).
+which NIID-Bench divided by the sampled ones until August 2022, commit 66095cc).
 
 a_i is our extension of option II, which the paper states for plain SGD with a_i = K, the steps
 taken: (x - y_i) / (K lr) is then the mean corrected gradient. With local momentum rho the model

@@ -121,7 +121,7 @@ def tidy(results: Results) -> pd.DataFrame:
     have index -1. Only PER_ROUND arrays have a row per round: a figure written once after the last
     round (final/*) sits at the run's last committed round, beside that round's figures, and a fixed
     array (partition, example/local_test_sizes) has no round (<NA>; `round` is a nullable Int64) and a
-    row per entry."""
+    row per entry; a single value (final/feature_nmi, example/test_size) has index -1."""
     frames, last = [], dict(zip(results.runs["path"], results.runs["rounds"] - 1, strict=True))
     for path, metrics in results.series.items():
         for metric, values in metrics.items():
@@ -130,7 +130,7 @@ def tidy(results: Results) -> pd.DataFrame:
                 rounds, index = np.repeat(np.arange(len(values)), len(index)), index * len(values)
             else:
                 final = metric.startswith("final/")
-                index = [-1] if final and values.size == 1 else _positions(values.shape)
+                index = [-1] if values.size == 1 else _positions(values.shape)
                 rounds = [last[path] if final else pd.NA] * len(index)
             frames.append(pd.DataFrame({"path": path, "round": pd.array(rounds, dtype="Int64"),
                                         "metric": metric, "index": index,

@@ -5,6 +5,7 @@ Nothing in hpcfl.data downloads; a missing file is a `DataError` that says where
 fix it. Images come out as normalised float32 N x C x H x W tensors on the CPU, labels as int64.
 """
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,10 +96,22 @@ def resolve_data_root(explicit: str | None) -> Path:
     return Path(env).expanduser() if env else DEBIAN_ROOT
 
 
-def not_found(title: str, searched: list[Path], wanted: str, fix: str) -> DataError:
-    """The one shape of every missing-data message: where we looked, for what, and how to get it."""
-    return DataError(f"{title} not found; searched {', '.join(str(p) for p in searched)} for {wanted}. "
+def not_found(title: str, searched: list[Path], wanted: str, fix: str,
+              lacking: tuple[Path, list[str]] | None = None) -> DataError:
+    """The one shape of every missing-data message: where we looked, for what, and how to get it; and a
+    folder holding only some of the files (a copy cut short), with those it `lacking` (`partly_there`)."""
+    partly = (f"{lacking[0]} holds some of its files but lacks {', '.join(lacking[1])} (a copy cut short?); "
+              if lacking else "")
+    return DataError(f"{title} not found; {partly}searched {', '.join(str(p) for p in searched)} for {wanted}. "
                      f"Fix: {fix}, or point --data-root / HPCFL_DATA at a folder holding them")
+
+
+def partly_there(folders: list[Path], names: list[str], has: Callable[[Path, str], bool]
+                 ) -> tuple[Path, list[str]] | None:
+    """Of `folders` holding some of the files `names` (`has(folder, name)`) but not all, the one
+    holding the most, with the names it lacks; None if none holds any."""
+    absent = [(folder, [name for name in names if not has(folder, name)]) for folder in folders]
+    return min(((f, a) for f, a in absent if len(a) < len(names)), key=lambda fa: len(fa[1]), default=None)
 
 
 def torchvision_fix(cls: str, root: Path, extra: str = "") -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcfl.data.base import Dataset, image_dataset, not_found, torchvision_fix
+from hpcfl.data.base import Dataset, image_dataset, not_found, partly_there, torchvision_fix
 from hpcfl.data.cache import cached
 from hpcfl.errors import DataError
 
@@ -64,7 +64,8 @@ def _load_cifar(root: Path, name: str, title: str, folder: str, train_files: tup
     base = root / folder
     files = [base / f for f in (*train_files, *test_files)]
     if not all(p.is_file() for p in files):
-        raise not_found(title, [base], ", ".join(train_files + test_files), torchvision_fix(tv_class, root))
+        raise not_found(title, [base], ", ".join(train_files + test_files), torchvision_fix(tv_class, root),
+                        partly_there([base], [*train_files, *test_files], lambda at, name: (at / name).is_file()))
 
     def read(names):
         parts = [_read_cifar_batch(base / n, label_key, num_classes) for n in names]

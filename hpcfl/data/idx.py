@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcfl.data.base import DEBIAN_ROOT, Dataset, image_dataset, not_found, torchvision_fix
+from hpcfl.data.base import DEBIAN_ROOT, Dataset, image_dataset, not_found, partly_there, torchvision_fix
 from hpcfl.data.cache import cached
 from hpcfl.errors import DataError
 
@@ -78,7 +78,9 @@ def load_idx_set(spec: _IdxSet, root: Path, train_images: bool = True) -> Datase
         if all(paths):
             break
     else:
-        raise not_found(spec.title, folders, ", ".join(f + "(.gz)" for f in spec.files), spec.fix(root))
+        raise not_found(spec.title, folders, ", ".join(f + "(.gz)" for f in spec.files), spec.fix(root),
+                        partly_there(folders, [f + "(.gz)" for f in spec.files],
+                                     lambda folder, name: _find_idx(folder, name.removesuffix("(.gz)")) is not None))
     arrays = cached(spec.name, paths, partial(_decode, spec, paths), train_images)
     if folder == root:
         _check_not_a_twin(spec, root, arrays["test_x"])

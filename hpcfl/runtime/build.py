@@ -23,7 +23,7 @@ from hpcfl.data.base import take
 from hpcfl.data.splits import ClientData, shared_set, split_data
 from hpcfl.errors import ConfigError, HpcflError
 from hpcfl.jobs import Resolved, resolve
-from hpcfl.metrics import Recorder
+from hpcfl.metrics import Recorder, read_run
 from hpcfl.models import build_model, count_parameters, lay_out
 from hpcfl.runtime.forgetting import Forgetting
 from hpcfl.runtime.memory import peak_bytes
@@ -91,10 +91,12 @@ def setup(job: Resolved, transport: Transport, data_root: str | None, local_rank
         except HpcflError as err:
             info["error"] = f"{type(err).__name__}: {err}"
         _raise_failures(built, job, transport, transport.share(info))
+    earlier = None
     if built.server and reports[0].get("resume_file"):     # cut back to the checkpoint once every rank is ready
+        earlier = read_run(job.config.result_path, keys=()).attrs
         built.recorder = Recorder.reopen(job.config.result_path, reports[0]["resume"])
     if built.recorder:
-        for key, value in run_attributes(job, reports).items():
+        for key, value in run_attributes(job, reports, earlier, reports[0].get("resume", 0)).items():
             built.recorder.set_attr(key, value)
     return built
 

@@ -5,6 +5,9 @@ Next to the result file `<run>.h5` sits `<run>.ckpt/round-<R>/` for a checkpoint
 R - 1 (so R rounds are done and the run resumes at round R):
 - `server.pt` (rank 0): the server state, by owner (hpcfl.algorithms.base.State);
 - `shared.pt` (rank 0): the algorithm's cross-round state that every rank holds (FedMA's global widths);
+- `results.h5` (rank 0): the result file as it stood, R rounds committed: what a resume puts back
+  where a node crash left the result file unreadable, or behind the checkpoint (its last writes had
+  not reached the disk; hpcfl.runtime.resume);
 - `clients-rank<r>.pt` (every rank hosting clients): its clients' kept states (Client.kept) by client id, and the
   rank's torch generator state;
 - `MANIFEST.json`, written last by rank 0 once every rank has reported its files and their SHA-256,
@@ -33,6 +36,7 @@ import torch
 from hpcfl.errors import ResultsError
 
 MANIFEST = "MANIFEST.json"
+RESULTS = "results.h5"
 FORMAT = 2          # 2: states by owner ({owner: {name: tensor}}); 1 (no "format"): under string prefixes
 
 
@@ -59,8 +63,9 @@ def _write_bytes(path: Path, data: bytes) -> str:
 
 
 def save(root: Path, rounds_done: int, transport, server_state: dict | None, shared: dict,
-         clients: dict[int, dict], keep: int) -> None:
-    """Collective: every rank writes its part, rank 0 seals the checkpoint and prunes old ones."""
+         clients: dict[int, dict], keep: int, result_file: Path | None = None) -> None:
+    """Collective: every rank writes its part, rank 0 (with a copy of the flushed `result_file`) seals
+    the checkpoint and prunes old ones."""
     partial = root / f"round-{rounds_done:06d}.partial"
     partial.mkdir(parents=True, exist_ok=True)
     mine = {}
@@ -68,6 +73,8 @@ def save(root: Path, rounds_done: int, transport, server_state: dict | None, sha
         mine["server.pt"] = _write(partial / "server.pt", {owner: {k: v.detach().cpu() for k, v in tensors.items()}
                                                            for owner, tensors in server_state.items()})
         mine["shared.pt"] = _write(partial / "shared.pt", shared)
+        if result_file is not None:
+            mine[RESULTS] = _write_bytes(partial / RESULTS, Path(result_file).read_bytes())
     if transport.size == 1 or not transport.is_server:        # the ranks hosting clients
         name = f"clients-rank{transport.rank}.pt"
         mine[name] = _write(partial / name, {"clients": {int(c): s for c, s in clients.items()},

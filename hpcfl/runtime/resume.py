@@ -9,6 +9,8 @@
 """
 import json
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from hpcfl.config import NON_RESULT_KEYS, current_names, flatten
 from hpcfl.errors import HpcflError, ResultsError
 from hpcfl.jobs import Resolved
 from hpcfl.metrics import read_run
-from hpcfl.runtime.checkpoint import FORMAT, MANIFEST, checkpoint_root, latest, load, load_clients, save
+from hpcfl.runtime.checkpoint import FORMAT, MANIFEST, RESULTS, checkpoint_root, latest, load, load_clients, save
 from hpcfl.runtime.lock import claim
 
 LOG = logging.getLogger(__name__)
@@ -68,10 +70,11 @@ def resume_point(job: Resolved, ranks: int | None = None) -> tuple[bool, int, Pa
             raise ResultsError(f"checkpoint folder {checkpoints} is left from an earlier run whose result file "
                                f"{path.name} is gone; move the folder away or delete it to start this run")
         return False, 0, None
+    found = latest(checkpoints, LOG.warning)
     try:
         run = read_run(path)
     except ResultsError as err:             # names what is wrong with it; resuming adds the way out
-        raise ResultsError(f"{err}; to start the run again, move it and {checkpoints.name} away") from None
+        run = _put_back(path, found, str(err), f"; to start the run again, move it and {checkpoints.name} away")
     existing = run.attrs
     differ = mismatch(existing.get("config", {}), config)
     if differ:
@@ -85,11 +88,26 @@ def resume_point(job: Resolved, ranks: int | None = None) -> tuple[bool, int, Pa
         raise ResultsError(f"{path} was written by {recorded.shape[1]} rank(s) and this run has {ranks}: its per-rank "
                            f"figures (rank/...) keep one column per rank, so resume it on {recorded.shape[1]} "
                            "rank(s)")
-    found = latest(checkpoints, LOG.warning)
     if found and found[0] > run.rounds:     # refused here, on every rank, not as the file is reopened
-        raise ResultsError(f"{path} holds {run.rounds} rounds but its checkpoint is after round {found[0]}; the "
-                           "result file is older than the checkpoint: move one of them away")
+        _put_back(path, found, f"{path} holds {run.rounds} rounds but its checkpoint is after round {found[0]}",
+                  "; the result file is older than the checkpoint: move one of them away")
     return True, (found[0] if found else 0), (found[1] if found else None)
+
+
+def _put_back(path: Path, found: tuple[int, Path] | None, problem: str, way_out: str):
+    """The result file as the checkpoint `found` copied it (checkpoint.RESULTS), put in `path`'s place
+    where `path` is unreadable or behind the checkpoint (`problem`): the mark of a node that crashed
+    before the file's last writes reached the disk. The file is kept beside it (`<name>.damaged`); a
+    checkpoint without a copy (written by an earlier hpcfl) leaves the ResultsError."""
+    copy = found[1] / RESULTS if found else None
+    if copy is None or not copy.is_file():
+        raise ResultsError(problem + way_out)
+    aside = path.with_name(path.name + ".damaged")
+    os.replace(path, aside)
+    shutil.copyfile(copy, path)
+    LOG.warning(f"{problem}: put back the result file of checkpoint {found[1].name} ({path.name} is kept as "
+                f"{aside.name})")
+    return read_run(path)
 
 
 def same_split(path: Path, counts: np.ndarray) -> None:
@@ -174,5 +192,6 @@ def write_checkpoint(job, rounds: int) -> None:
     start = time.perf_counter()
     clients = {cid: client.kept() for cid, client in job.worker.clients.items()} if job.worker else {}
     save(checkpoint_root(job.config.result_path), rounds, job.transport, job.server.state if job.server else None,
-         job.algorithm.carried_state(), clients, job.config.run.checkpoint_keep)
+         job.algorithm.carried_state(), clients, job.config.run.checkpoint_keep,
+         job.config.result_path if job.recorder else None)
     LOG.info(f"checkpoint after round {rounds} written in {time.perf_counter() - start:.2f} s")

@@ -116,6 +116,9 @@ class SupCon(Term):
         base_temperature: float = 0.07  # the loss is scaled by temperature / base_temperature
         normalize: bool = True        # FedClassAvg's code: False, with temperature = 100
 
+        def __post_init__(self):
+            check_temperatures(self.temperature, self.base_temperature)
+
     def loss(self, model, x, y, features, logits):
         z = torch.cat(features.unbind(1))                           # view 1 of every sample, then view 2
         if self.params.normalize:
@@ -128,3 +131,11 @@ class SupCon(Term):
         mean_positive = log_prob.masked_fill(~positive, 0.0).sum(1) / positive.sum(1)
         scale = self.params.temperature / self.params.base_temperature
         return -self.params.weight * scale * mean_positive.mean()
+
+
+def check_temperatures(temperature: float, base_temperature: float) -> None:
+    """SupCon's temperatures (its own, and FedClassAvg's, which builds it): 0 divides by zero, and a
+    negative temperature turns the loss around, pushing a class's features apart."""
+    if not (temperature > 0 and base_temperature > 0):
+        raise ValueError(f"temperature = {temperature} and base_temperature = {base_temperature} must be > 0 "
+                         "(SupCon: 0.07 and 0.07; FedClassAvg's code: 100 and 0.07)")

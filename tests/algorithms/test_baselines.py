@@ -140,9 +140,14 @@ def test_a_fednova_client_with_no_step_sends_no_change_and_no_steps():
 
 
 def test_fednova_prox_mu_enters_the_normalisation():
+    """Two steps under a prox pull of lr mu = 0.1: a <- (1 - 0.1) a + 1 twice, 1.9 steps, not 2."""
     algo = make("fednova", Scalar(), train={"lr": 0.1, "clients_per_round": 1},
                 algorithm={"name": "fednova", "terms": {"prox": {"mu": 1.0}}})
     assert algo.lr_mu == pytest.approx(0.1)
+    contributions, _ = algo.client_update(algo.plan(0)[0], 0, client(samples=1), {"model": _w(1.0)}, Scalar(-7.0),
+                                          StepTrainer(shift=-0.2, steps=2))
+    tensors, _ = contributions["model"]
+    assert tensors[STEPS].item() == pytest.approx(1.9)
 
 
 @pytest.mark.parametrize("algorithm, allowed", [("scaffold", False), ("fednova", False), ("feddyn", True)])
@@ -209,7 +214,8 @@ def test_feddyn_server_corrects_the_mean_by_h():
 
 
 def test_local_only_clients_continue_from_their_own_model():
-    algo = make("local_only", Scalar())
+    """Under init = 'shared' (the default, each client its own initialisation: test_fedclassavg.py)."""
+    algo = make("local_only", Scalar(), {"init": "shared"})
     me, other = client(0), client(1)
     for c in (me, other):
         assert algo.init_client_state(c, Scalar(1.0)) == {}

@@ -57,16 +57,42 @@ def test_only_the_classifier_travels_and_is_averaged_by_samples():
     for me, own in ((a, 1.0), (b, 2.0)):
         algo.init_client_state(me, Tiny())
         me.state = {"model": _state(own)}         # each client's own model
-    trainer = StepTrainer(shift=0.25)
-    ups = [algo.client_update(phase, 0, me, down, Tiny(), trainer)[0] for me in (a, b)]
-    for me, own in ((a, 1.0), (b, 2.0)):       # the extractor is the client's own, trained and kept
-        assert torch.equal(me.state["model"]["body.weight"], torch.full((2, 2), own + 0.25))
-        assert torch.equal(me.state["model"]["classifier.bias"], torch.full((2,), 0.5 + 0.25))   # started from global
+    trainers = [StepTrainer(shift=0.25), StepTrainer(shift=1.0)]
+    ups = [algo.client_update(phase, 0, me, down, Tiny(), trainer)[0]
+           for me, trainer in zip((a, b), trainers, strict=True)]
+    for me, own, shift in ((a, 1.0, 0.25), (b, 2.0, 1.0)):       # the extractor is the client's own, trained, kept
+        assert torch.equal(me.state["model"]["body.weight"], torch.full((2, 2), own + shift))
+        assert torch.equal(me.state["model"]["classifier.bias"], torch.full((2,), 0.5 + shift))   # from the global
     assert sorted(ups[0]["shared"][0]) == [WEIGHT, "classifier.bias", "classifier.weight"]
     algo.aggregate(phase, 0, server, {"shared": sums(phase.uplink["shared"], ups[0]["shared"], ups[1]["shared"])})
-    assert torch.allclose(server["model"]["classifier.weight"], torch.full((2, 2), 0.75))
+    # 1 and 3 samples: (1 x 0.75 + 3 x 1.5) / 4 (a plain mean would give 1.125)
+    assert torch.allclose(server["model"]["classifier.weight"], torch.full((2, 2), 1.3125))
+    trainer = trainers[0]
     assert [type(t).__name__ for t in trainer.terms] == ["SupCon", "Prox"]
     assert trainer.terms[1].params.scope == "classifier" and trainer.terms[1].params.reduction == "mean"
+
+
+def test_share_all_keeps_a_clients_own_batchnorm_layers_under_local_batchnorm():
+    """FedBN under share = 'all': the whole model arrives, but the client starts from its own BN layers."""
+    class Normed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.bn, self.classifier = nn.Linear(2, 2), nn.BatchNorm1d(2), nn.Linear(2, 2)
+
+        def features(self, x):
+            return self.bn(self.body(x))
+
+        def forward(self, x):
+            return self.classifier(self.features(x))
+
+    algo = make("fedclassavg", Normed(), {"share": "all"}, model={"batchnorm": "local"})
+    server, phase, me = algo.init_server_state(Normed()), algo.plan(0)[0], client(0, samples=2)
+    me.state = algo.init_client_state(me, Normed())
+    for round, trained in ((0, 2.0), (1, 3.0)):         # the server's bn.weight stays 1: no aggregation here
+        model = Normed()
+        algo.client_update(phase, round, me, algo.downlink(phase, round, server), model, StepTrainer(shift=1.0))
+        assert torch.equal(model.bn.weight.data, torch.full((2,), trained)) and \
+            torch.equal(me.state["bn"]["bn.weight"], torch.full((2,), trained))
 
 
 def test_share_all_sends_the_whole_model_and_requires_one_architecture():
@@ -363,10 +389,11 @@ def test_personalised_algorithms_refuse_feature_matching_by_name_or_import_path(
                        "data": {"num_clients": 4, "local_test_ratio": 0.3}, "train": {"clients_per_round": 2}})
 
 
-@pytest.mark.parametrize("name", ["fedclassavg", "fedproto"])
+@pytest.mark.parametrize("name", ["fedclassavg", "fedproto", "local_only"])
 def test_each_client_starts_from_its_own_initialisation_unless_shared(name):
     """FedClassAvg's Algorithm 1 initialises each client's w_k^0, and both authors' codes build each
-    client's model anew: clients of one architecture must not start alike."""
+    client's model anew: clients of one architecture must not start alike; local training, their
+    baseline, neither (its clients share nothing, an initial model included)."""
     from hpcfl.algorithms.initial import independent_init
 
     net = build_model("fmnist_cnn", (1, 8, 8), 2)
@@ -378,7 +405,6 @@ def test_each_client_starts_from_its_own_initialisation_unless_shared(name):
     assert not torch.equal(first["classifier.weight"], net.state_dict()["classifier.weight"])
     shared = make(name, net, {"init": "shared"})
     assert shared.init_client_state(client(0), net) == {}                 # the architecture's one model, then
-    assert make("local_only", net, {}).params.init == "shared"
 
 
 def test_fedprotos_term_runs_batched_its_params_are_frozen_and_one_sample_one_feature_is_not_halved():

@@ -143,7 +143,9 @@ def test_tidy_puts_a_final_figure_at_the_last_round_and_gives_a_fixed_array_no_r
     path = _write(tmp_path, "fedavg", 0.1, 0, [0.2, 0.5, np.nan, 0.6])
     with h5py.File(path, "a") as f:
         f["final/feature_nmi"], f["example/local_test_sizes"] = 0.75, np.array([4, 6])
-    long = tidy(load([path], metrics=("round/test_acc", "final/feature_nmi", "partition", "example/local_test_sizes")))
+        f["example/test_size"] = 10
+    long = tidy(load([path], metrics=("round/test_acc", "final/feature_nmi", "partition", "example/local_test_sizes",
+                                      "example/test_size")))
     final = long[long["metric"] == "final/feature_nmi"]
     assert list(final["round"]) == [3] and list(final["index"]) == [-1] and list(final["value"]) == [0.75]
     partition = long[long["metric"] == "partition"]
@@ -151,6 +153,8 @@ def test_tidy_puts_a_final_figure_at_the_last_round_and_gives_a_fixed_array_no_r
     assert list(partition["index"]) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     sizes = long[long["metric"] == "example/local_test_sizes"]
     assert sizes["round"].isna().all() and list(sizes["index"]) == [0, 1] and list(sizes["value"]) == [4, 6]
+    test_size = long[long["metric"] == "example/test_size"]
+    assert test_size["round"].isna().all() and list(test_size["index"]) == [-1] and list(test_size["value"]) == [10]
     wide = long.pivot_table(index="round", columns="metric", values="value")
     assert list(wide.columns) == ["final/feature_nmi", "round/test_acc"] and list(wide.index) == [0, 1, 3]
     assert wide.loc[3].tolist() == [0.75, 0.6]

@@ -150,6 +150,26 @@ def test_missing_root_names_paths_and_fix(tmp_path):
     assert "dataset-fashion-mnist" in msg and "HPCFL_DATA" in msg
 
 
+def test_a_folder_holding_some_of_the_files_is_named_with_the_ones_it_lacks(tmp_path):
+    """A copy cut short: the message names the folder and its missing files, not only every file sought."""
+    folder = tmp_path / "fashion-mnist"
+    folder.mkdir()
+    for name in FILES[1:]:
+        (folder / f"{name}.gz").write_bytes(b"")
+    (tmp_path / "FashionMNIST" / "raw").mkdir(parents=True)
+    (tmp_path / "FashionMNIST" / "raw" / FILES[2]).write_bytes(b"")       # fewer here: not the one named
+    with pytest.raises(DataError, match=f"{folder} holds some of its files but lacks {FILES[0]}\\(.gz\\) "):
+        load_dataset("fashion_mnist", tmp_path)
+    cifar = tmp_path / "cifar-10-batches-py"
+    cifar.mkdir()
+    (cifar / "test_batch").write_bytes(b"")
+    with pytest.raises(DataError, match="lacks data_batch_1, data_batch_2, data_batch_3, data_batch_4, data_batch_5"):
+        load_dataset("cifar10", tmp_path)
+    with pytest.raises(DataError) as nothing:
+        load_dataset("fashion_mnist", tmp_path / "nowhere")
+    assert "holds some" not in str(nothing.value)
+
+
 @pytest.mark.parametrize("compressed", [True, False])
 def test_truncated_file_names_the_file(tmp_path, compressed):
     folder = tmp_path / "fashion-mnist"

@@ -256,6 +256,33 @@ def test_the_resume_point_is_nothing_a_checkpoint_or_a_refusal(tmp_path, unlocke
 
 
 
+def test_a_result_file_left_unreadable_or_behind_its_checkpoint_is_put_back_from_the_checkpoint(tmp_path, unlocked,
+                                                                                                hpcfl_log):
+    """A node crash can lose the result file's last writes (unreadable, or fewer rounds than the newest
+    checkpoint): resuming puts back the copy the checkpoint took, keeping the file beside it; the copy
+    is in the manifest, so a damaged copy makes the checkpoint damaged."""
+    from hpcfl.metrics import Recorder, read_run
+    from hpcfl.runtime.resume import resume_point
+    config = _config(tmp_path)
+    path, job, root = config.result_path, SimpleNamespace(config=config), checkpoint_root(config.result_path)
+    _result_file(config, rounds=2)
+    save(root, 2, LocalTransport({}), {}, {}, {}, keep=2, result_file=path)
+    copy = path.read_bytes()
+    assert (root / "round-000002" / "results.h5").read_bytes() == copy
+    Recorder.reopen(path, 1).close()                                           # its second round lost
+    assert resume_point(job) == (True, 2, root / "round-000002")
+    assert path.read_bytes() == copy and read_run(path).rounds == 2
+    assert read_run(path.with_name(path.name + ".damaged")).rounds == 1
+    assert "holds 1 rounds but its checkpoint is after round 2: put back the result file of checkpoint " \
+           "round-000002" in hpcfl_log.text
+    path.write_bytes(copy[:len(copy) // 2])                                    # torn
+    assert resume_point(job) == (True, 2, root / "round-000002") and path.read_bytes() == copy
+    (root / "round-000002" / "results.h5").write_bytes(b"damaged")
+    path.write_bytes(b"torn")
+    with pytest.raises(ResultsError, match="cannot be read as HDF5"):
+        resume_point(job)
+
+
 def test_a_result_path_that_a_link_leads_out_of_the_results_root_is_refused(tmp_path, unlocked):
     from hpcfl.runtime.resume import resume_point
     config = _config(tmp_path)
@@ -359,15 +386,17 @@ def test_every_rank_writes_its_part_of_a_checkpoint_of_the_job(tmp_path, hpcfl_l
     job = SimpleNamespace(config=_config(tmp_path, checkpoint_keep=2), transport=LocalTransport({}),
                           server=SimpleNamespace(state={"model": {"w": torch.ones(1)}}),
                           worker=SimpleNamespace(clients={4: client}),
-                          algorithm=SimpleNamespace(carried_state=lambda: {"widths": [2]}))
+                          algorithm=SimpleNamespace(carried_state=lambda: {"widths": [2]}), recorder=object())
+    _result_file(job.config)
     write_checkpoint(job, 2)
     directory = checkpoint_root(job.config.result_path) / "round-000002"
     assert latest(directory.parent, None) == (2, directory)
     assert load(directory, "shared.pt") == {"widths": [2]} and load(directory, "server.pt")["model"]["w"].item() == 1
     files = json.loads((directory / MANIFEST).read_text())["files"]
     assert load_clients(directory, files, {4})[0][4]["algorithm"]["scaffold"]["c"].tolist() == [3.0] * 3
+    assert (directory / "results.h5").read_bytes() == job.config.result_path.read_bytes() and "results.h5" in files
     assert re.fullmatch(r"checkpoint after round 2 written in \d+\.\d\d s", hpcfl_log.messages[0])
-    job.server, job.worker = None, None                              # a rank with neither writes an empty client file
+    job.server, job.worker, job.recorder = None, None, None          # a rank with neither writes an empty client file
     save_board = []
     job.transport = _Rank(1, 2, save_board)
     write_checkpoint(job, 3)

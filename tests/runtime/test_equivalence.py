@@ -22,7 +22,8 @@ from hpcfl.transport import LocalTransport
 
 PARAMS = {"fedfm": {"start_round": 1, "weight": 1.0},                  # feature matching within 3 rounds
           "fedfm_lite": {"start_round": 1, "weight": 1.0, "model_every": 2},
-          "fedprox": {"init": "independent"}, "local_only": {"init": "independent"},   # FedMA's baselines
+          "fedprox": {"init": "independent"},                 # FedMA's baseline (local_only: its default)
+          "local_only": {"init": "shared"},                   # the start fedclassavg and fedproto do not take
           "fedclassavg": {"warmup_epochs": 1, "supcon_weight": 0.5}, "fedrs": {"bias": "drop"}}
 HETEROGENEOUS = {"local_only", "fedclassavg", "fedproto"}      # clients of two architectures side by side
 

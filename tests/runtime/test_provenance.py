@@ -51,3 +51,26 @@ def test_plug_ins_are_named_by_the_key_that_used_them(job, monkeypatch):
     assert provenance.run_attributes(job, REPORTS)["plugins"] == {"x": 1}
     assert seen == {"data.dataset": ["digits"], "data.partition": ["dirichlet"], "model.name": ["fmnist_cnn"],
                     "algorithm.name": ["fedprox"], "algorithm.terms": ["moon"]}
+
+
+def test_each_start_of_a_resumed_run_is_a_segment_and_another_commit_is_warned_of(job, hpcfl_log):
+    """Resuming checks the configuration and the split, not the code: every start that wrote rounds keeps
+    its commit and versions, a start whose rounds are run again drops out, and a file written before
+    segments existed has its one start in its top-level attributes."""
+    fresh = provenance.run_attributes(job, REPORTS)
+    assert fresh["segments"] == [{"first_round": 0, "git_commit": fresh["git_commit"], "versions": fresh["versions"],
+                                  "world_size": 2, "hostnames": ["node1", "node2"]}]
+    same = provenance.run_attributes(job, REPORTS[:1], fresh, first_round=4)
+    assert [s["first_round"] for s in same["segments"]] == [0, 4] and same["segments"][1]["world_size"] == 1
+    assert same["world_size"] == 1 and same["hostnames"] == ["node1"] and not hpcfl_log.records
+    old = {**fresh, "git_commit": "0123abc", "segments": [{**fresh["segments"][0], "git_commit": "0123abc"},
+                                                          {**fresh["segments"][0], "first_round": 6}]}
+    again = provenance.run_attributes(job, REPORTS, old, first_round=6)     # the start at round 6: run again
+    assert [(s["first_round"], s["git_commit"]) for s in again["segments"]] == [(0, "0123abc"),
+                                                                                (6, fresh["git_commit"])]
+    warned = hpcfl_log.text
+    assert "resuming at round 6 with hpcfl" in warned and "rounds before were run by commit 0123abc" in warned
+    before_segments = {k: v for k, v in old.items() if k != "segments"}
+    assert provenance.run_attributes(job, REPORTS, before_segments, 2)["segments"][0] == \
+        {"first_round": 0, "git_commit": "0123abc", "versions": fresh["versions"], "world_size": 2,
+         "hostnames": ["node1", "node2"]}

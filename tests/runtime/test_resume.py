@@ -105,6 +105,22 @@ def test_a_killed_run_resumes_from_its_last_checkpoint_and_redoes_later_rounds(t
     assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(path), exact=True)
 
 
+def test_a_node_crash_that_tore_the_result_file_resumes_from_the_checkpoints_copy(tmp_path, capsys):
+    """The rounds a checkpoint covers are not lost with the result file: after a kill, the file torn as a
+    crashed node can leave it, the run resumes from the checkpoint's copy to the uninterrupted metrics."""
+    job = _job(tmp_path)
+    assert main(_args(job, tmp_path, "full")) == 0
+    assert _interrupt(job, tmp_path, "cut", 3, signal.SIGKILL) == -signal.SIGKILL
+    path = tmp_path / "results" / "resume" / "cut.h5"
+    path.write_bytes(path.read_bytes()[:2048])
+    assert main(_args(job, tmp_path, "cut")) == 0
+    out = capsys.readouterr()
+    assert "put back the result file of checkpoint round-000002 (cut.h5 is kept as cut.h5.damaged)" in out.err
+    assert "resuming after round 2 " in out.out
+    assert_same_metrics(run_metrics(tmp_path / "results" / "resume" / "full.h5"), run_metrics(path), exact=True)
+    assert [segment["first_round"] for segment in read_run(path).attrs["segments"]] == [0, 2]
+
+
 def test_fedfm_lite_resumes_between_model_rounds_to_the_uninterrupted_metrics(tmp_path, capsys):
     """Models go out at rounds 0 and 4 only: a run resumed at round 2 continues each client's own model
     (it used to start them from a global model the resumed workers never received, and crash)."""
