@@ -112,9 +112,11 @@ class TrainConfig:
                                     # drop: go on, the client keeping its state of before the phase (the
                                     # round, for an algorithm of one training phase); fedma: stop only
     batched_clients: int | str = "auto"     # train up to this many of a worker's sampled clients as one batched
-                                    # computation, equal to one after another to float rounding: every algorithm
-                                    # but fedma, no dropout; 0: one after another; auto: on a GPU groups of up
-                                    # to 16 where the job allows it, on a CPU (slower there) one after another
+                                    # computation, each step equal to one after another to float rounding
+                                    # (runs drift apart as any two fp32 paths do, BatchNorm models soonest: compare
+                                    # runs of one mode; docs: Determinism): every algorithm but fedma, no dropout;
+                                    # 0: one after another; auto: on a GPU groups of up to 16 where the job
+                                    # allows it, on a CPU (slower there) one after another
     cuda_graphs: bool = False       # clients trained together on a GPU: capture each kind of step (forward, loss
                                     # terms, backward, optimizer) as a CUDA graph, replayed as one launch; equal
                                     # to the eager steps to float rounding; off until measured (docs: GPU)

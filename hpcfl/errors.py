@@ -50,7 +50,8 @@ EXIT_MEANING = {
     Exit.FAILED: "a failure during training: an exception, a rank silent for run.round_timeout_s (every rank is "
                  "then stopped, so the job never hangs), or a NaN/Inf update with train.on_nonfinite = 'stop'",
     Exit.BAD_INPUT: "bad input (job file, override, data, result path, a result file another run is writing), "
-                    "reported before any rank trains; for `hpcfl status`, a result file that cannot be read",
+                    "reported before any rank trains; for `hpcfl status`, a result file that cannot be read or is of "
+                    "another configuration than its sweep point's",
     Exit.RESUME: "stopped at a checkpoint after SIGUSR1/SIGTERM or a first Ctrl-C (SIGINT; a second aborts at "
                  "once): run the same command again to resume (the SLURM scripts requeue after USR1)",
 }

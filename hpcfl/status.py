@@ -25,7 +25,7 @@ from hpcfl.analysis.results import find_files
 from hpcfl.errors import Exit, HpcflError, exit_help
 from hpcfl.launch import run_overrides
 from hpcfl.metrics import read_run
-from hpcfl.runtime.lock import writing
+from hpcfl.runtime.lock import STALE_S, writing
 
 
 def state(path: Path, expected=None) -> tuple[str, str, str]:
@@ -57,7 +57,8 @@ def sweep_jobs(job: str, overrides: list[str]) -> dict[Path, object]:
 
 
 def main(argv=None, prog: str = "hpcfl status") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, epilog=exit_help(Exit.DONE, Exit.BAD_INPUT),
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.replace("STALE_S seconds", f"{STALE_S:.0f} s"),
+                                     epilog=exit_help(Exit.DONE, Exit.BAD_INPUT),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="*", help="result files, or folders searched for them")
     parser.add_argument("--sweep", metavar="JOB", help="a sweep's job file: also list its points with no file")

@@ -8,7 +8,7 @@ Each mutant runs the module's own tests (MPI tests deselected, stopping at the f
 is *killed* when a test fails or the run outlives its time limit, and *survives* otherwise.
 
     python tools/mutation.py                      # every module below, 2 mutants at a time
-    python tools/mutation.py --modules payload anchors --jobs 2 --out survivors.txt
+    python tools/mutation.py --modules payload algorithms/anchors --jobs 2 --out survivors.txt
     python tools/mutation.py --list               # the modules and their tests
 
 Reading survivors. A survivor is either *equivalent* (the change cannot alter behaviour, e.g.

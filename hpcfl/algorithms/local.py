@@ -39,7 +39,7 @@ class LocalOnly(Personal):
 
     @dataclass(frozen=True)
     class Params(InitParams):
-        init: str = "independent"
+        init: str = "independent"       # each client its own initial model; "shared": its architecture's one
 
     def plan(self, round):
         return [Phase("train")]

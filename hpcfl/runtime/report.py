@@ -103,8 +103,11 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
     if "client/val_acc" in values and not job.algorithm.traits.global_model and cfg.evaluates(round):
         held = _finite(values["client/val_acc"][cohort])           # the clients' own models (none if all dropped)
         values["round/val_acc"] = float(held.mean()) if len(held) else np.nan
-    samples, loss = rows[:, CLIENT_COLUMN["num_samples"]], rows[:, CLIENT_COLUMN["train_loss"]]
-    trained = [c for c in cohort if not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]   # a dropped client is left out
+    samples, loss, steps = (rows[:, CLIENT_COLUMN[key]] for key in ("num_samples", "train_loss", "steps"))
+    if "client/train_loss" in values:     # no step, no loss (a BatchNorm model's client of one sample): not 0
+        values["client/train_loss"][sampled & (steps == 0)] = np.nan
+    # a dropped client is left out, and one that took no step
+    trained = [c for c in cohort if steps[c] > 0 and not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]
     values["round/train_loss"] = (float(np.sum(loss[trained] * samples[trained]) / np.sum(samples[trained]))
                                   if trained else np.nan)
     values.update(evaluation)

@@ -19,19 +19,20 @@ when `start` sets its per-client context as attributes and `loss` reads them or 
 (Term.batchable; a `loss` that replaces one is refused, since the group writes back what it bound).
 
 Each client sees the batches and the augmentation draws of the sequential path. At a step where the
-clients' batches differ in length (an epoch's short last batch), each length trains as its own vmapped
-call, so every loss is the one the client alone would compute; a client out of batches stops. The
-results equal the sequential ones to float rounding, BatchNorm included (each client's running
-statistics are its own), though Adam turns the rounding of a near-zero gradient (a convolution's bias
-before BatchNorm) into a full step (docs/benchmarks/gpu.md). Randomness inside the model (dropout) is
-drawn per client from torch's global generator on the sequential path, which vmap cannot reproduce:
-such models are refused, naming the key. A parameter the loss never reaches keeps its value and
-optimizer state, as torch.optim keeps one without a gradient (Adam counts the group's steps, so one
-reached on only some steps would take torch's bias correction only if reached on all).
-Mixed precision (train.precision = "bf16") is refused: torch's autocast does not reach the layers under
-vmap. A group whose clients' contexts cannot be stacked (a plug-in term's tensors of different shapes) trains
-one client at a time from the same records, and the log says so once.
-"""
+clients' batches differ in length (an epoch's short last batch), each length trains as its own
+vmapped call, so every loss is the one the client alone would compute; a client out of batches
+stops. Each step equals the sequential one to float rounding, BatchNorm included (each client's
+running statistics are its own), and whole runs drift apart as any two fp32 paths do (a BatchNorm
+model's within a few rounds on digits: compare runs of one mode); Adam turns the rounding of a
+near-zero gradient (a convolution's bias before BatchNorm) into a full step
+(docs/benchmarks/gpu.md). Randomness inside the model (dropout) is drawn per client from torch's
+global generator on the sequential path, which vmap cannot reproduce: such models are refused,
+naming the key. A parameter the loss never reaches keeps its value and optimizer state, as
+torch.optim keeps one without a gradient (Adam counts the group's steps, so one reached on only some
+steps would take torch's bias correction only if reached on all). Mixed precision (train.precision =
+"bf16") is refused: torch's autocast does not reach the layers under vmap. A group whose clients'
+contexts cannot be stacked (a plug-in term's tensors of different shapes) trains one client at a
+time from the same records, and the log says so once."""
 import logging
 from collections import defaultdict
 from dataclasses import dataclass

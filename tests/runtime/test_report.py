@@ -134,6 +134,17 @@ def test_a_round_records_the_cohorts_metrics_the_sample_weighted_loss_and_the_wo
                                "val_acc 0.7000  train_loss 0.8750    3.50 s  eta 1 min"]
 
 
+def test_a_client_that_took_no_step_has_no_loss_in_the_round_or_its_own():
+    """A BatchNorm model skips a one-sample batch: its client trains no step and its trainer's 0.0 is no loss."""
+    flat = _round_rows()
+    flat[2 * len(CLIENT_METRICS) + CLIENT_COLUMN["steps"]], flat[2 * len(CLIENT_METRICS)] = 0, 0.0    # client 2
+    job = _job(size=3, client_metrics=("train_loss", "steps"))
+    record(job, 1, {0: 1, 2: 2, 3: 1}, flat, {}, {}, {}, 1.0)
+    [(_, values)] = job.recorder.rounds
+    np.testing.assert_array_equal(values["client/train_loss"], [0.5, np.nan, np.nan, 3.0])
+    assert values["client/steps"][2] == 0 and values["round/train_loss"] == 0.5      # client 0's alone
+
+
 def test_the_last_round_logs_the_state_the_workers_hold_and_a_global_model_has_no_client_val_acc(hpcfl_log):
     job = _job(size=3, client_metrics=("train_loss", "val_acc"), global_model=True)
     record(job, 2, {0: 1, 2: 2, 3: 1}, _round_rows(), {}, {}, {}, 1.0)
