@@ -11,7 +11,7 @@ from hpcfl.errors import ConfigError
 from hpcfl.init import TEMPLATES
 from hpcfl.launch import main as launch
 from hpcfl.metrics import read_run
-from hpcfl.sweep import array_spec, arrays, digest, main, points, toml_value
+from hpcfl.sweep import array_spec, arrays, digest, main, max_array_size, points, toml_value
 
 SWEEP = """
 [run]
@@ -306,21 +306,27 @@ def test_points_past_the_clusters_max_array_size_go_in_more_arrays_each_task_to_
                                                                                            capsys, monkeypatch):
     """SLURM refuses an array task id >= MaxArraySize: 8 points under MaxArraySize 3 are 3 arrays, task t of
     the one with --index-base B runs point B + t; where all ids fit, one array without a base."""
-    assert [arrays(i, 3) for i in ([0, 1, 2], [1, 2, 4, 5, 6, 9])] == [[(0, [0, 1, 2])],
-                                                                      [(0, [1, 2]), (4, [0, 1, 2]), (9, [0])]]
+    assert [arrays(i, 3) for i in ([0, 1, 2], [1, 2, 4, 5, 6, 9], [3, 4], [5])] == [
+        [(0, [0, 1, 2])], [(0, [1, 2]), (4, [0, 1, 2]), (9, [0])], [(3, [0, 1])], [(5, [0])]]    # ids 0..2 only
     monkeypatch.setenv("FAKE_MAX_ARRAY", "3")
     assert main([str(job), "--submit", "--script", str(job), "--max-concurrent", "2"]) == 0
     calls = [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
     assert [(c[0], c[5:]) for c in calls] == [("--array=0-2%2", []), ("--array=0-2%2", ["--index-base", "3"]),
                                               ("--array=0-1%2", ["--index-base", "6"])]
-    assert "hpcfl: 8 points (array 2 of 3): sbatch --array=0-2%2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "hpcfl: 8 points (array 1 of 3): sbatch --array=0-2%2 " in out
+    assert "hpcfl: 8 points (array 3 of 3): sbatch --array=0-1%2 " in out
     results = ["--results-root", str(tmp_path / "results")]
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
     assert main([str(job), "--index-base", "3", *results]) == 0                 # point 5
     assert read_run(tmp_path / "results" / "grid" / "sweep-fedprox-0.1-seed1.h5").attrs["status"] == "completed"
     monkeypatch.setenv("FAKE_EXIT", "4")                                          # a failing sbatch stops the rest
+    monkeypatch.setenv("FAKE_MAX_ARRAY", "5")
     assert main([str(job), "--submit", "--script", str(job), *results]) == 4
     assert len((tmp_path / "calls").read_text().splitlines()) == 4
+    assert "hpcfl: 8 points, 1 complete (array 1 of 2): sbatch --array=0-4 " in capsys.readouterr().out
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert max_array_size() == 1001                                                 # SLURM's default without scontrol
 
 
 def test_a_resubmitted_sweep_asks_only_for_the_points_not_complete(job, tmp_path, sbatch, capsys):

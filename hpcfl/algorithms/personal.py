@@ -6,7 +6,8 @@ Where it starts is `init` (hpcfl.algorithms.initial): "independent", its own ini
 as its state from set-up on; "shared", the run's initial model of its architecture (one shared copy
 per architecture and worker) until it first trains. FedClassAvg (Algorithm 1 initialises each
 client's w_k^0) and FedProto start independent by default, as their authors' code builds each
-client's model anew; local-only and the ensemble start shared (FedMA's baselines: set "independent").
+client's model anew, and so do local-only and the ensemble (clients that share nothing; FedMA's
+authors' ensemble and FedClassAvg's local baseline).
 There is no single global model: accuracy is personalised, each trained client's model on its own
 held-out data, so the job needs data.local_test_ratio or data.validation_fraction.
 """

@@ -5,7 +5,7 @@ Next to the result file `<run>.h5` sits `<run>.ckpt/round-<R>/` for a checkpoint
 R - 1 (so R rounds are done and the run resumes at round R):
 - `server.pt` (rank 0): the server state, by owner (hpcfl.algorithms.base.State);
 - `shared.pt` (rank 0): the algorithm's cross-round state that every rank holds (FedMA's global widths);
-- `results.h5` (rank 0): the result file as it stood, R rounds committed: what a resume puts back
+- `results.h5.copy` (rank 0): the result file as it stood, R rounds committed: what a resume puts back
   where a node crash left the result file unreadable, or behind the checkpoint (its last writes had
   not reached the disk; hpcfl.runtime.resume);
 - `clients-rank<r>.pt` (every rank hosting clients): its clients' kept states (Client.kept) by client id, and the
@@ -36,7 +36,7 @@ import torch
 from hpcfl.errors import ResultsError
 
 MANIFEST = "MANIFEST.json"
-RESULTS = "results.h5"
+RESULTS = "results.h5.copy"        # not *.h5: the analysis and `hpcfl status` would count it as a run
 FORMAT = 2          # 2: states by owner ({owner: {name: tensor}}); 1 (no "format"): under string prefixes
 
 

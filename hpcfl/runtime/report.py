@@ -107,7 +107,8 @@ def record(job, round, hosts, flat, evaluation, phase_s, moved, round_s, progres
     if "client/train_loss" in values:     # no step, no loss (a BatchNorm model's client of one sample): not 0
         values["client/train_loss"][sampled & (steps == 0)] = np.nan
     # a dropped client is left out, and one that took no step
-    trained = [c for c in cohort if steps[c] > 0 and not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]
+    # (a plug-in that reports no steps, NaN, still counts)
+    trained = [c for c in cohort if not steps[c] == 0 and not rows[c, CLIENT_COLUMN["nonfinite"]] > 0]
     values["round/train_loss"] = (float(np.sum(loss[trained] * samples[trained]) / np.sum(samples[trained]))
                                   if trained else np.nan)
     values.update(evaluation)

@@ -102,7 +102,10 @@ def _put_back(path: Path, found: tuple[int, Path] | None, problem: str, way_out:
     copy = found[1] / RESULTS if found else None
     if copy is None or not copy.is_file():
         raise ResultsError(problem + way_out)
-    aside = path.with_name(path.name + ".damaged")
+    aside, n = path.with_name(path.name + ".damaged"), 1
+    while aside.exists():                   # an earlier crash's is kept too
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged-{n}")
     os.replace(path, aside)
     shutil.copyfile(copy, path)
     LOG.warning(f"{problem}: put back the result file of checkpoint {found[1].name} ({path.name} is kept as "

@@ -261,6 +261,7 @@ def test_a_result_file_left_unreadable_or_behind_its_checkpoint_is_put_back_from
     """A node crash can lose the result file's last writes (unreadable, or fewer rounds than the newest
     checkpoint): resuming puts back the copy the checkpoint took, keeping the file beside it; the copy
     is in the manifest, so a damaged copy makes the checkpoint damaged."""
+    from hpcfl.analysis.results import find_files
     from hpcfl.metrics import Recorder, read_run
     from hpcfl.runtime.resume import resume_point
     config = _config(tmp_path)
@@ -268,7 +269,8 @@ def test_a_result_file_left_unreadable_or_behind_its_checkpoint_is_put_back_from
     _result_file(config, rounds=2)
     save(root, 2, LocalTransport({}), {}, {}, {}, keep=2, result_file=path)
     copy = path.read_bytes()
-    assert (root / "round-000002" / "results.h5").read_bytes() == copy
+    assert (root / "round-000002" / "results.h5.copy").read_bytes() == copy
+    assert find_files([tmp_path]) == [path]                     # the copy is no run of the analysis or status
     Recorder.reopen(path, 1).close()                                           # its second round lost
     assert resume_point(job) == (True, 2, root / "round-000002")
     assert path.read_bytes() == copy and read_run(path).rounds == 2
@@ -277,7 +279,8 @@ def test_a_result_file_left_unreadable_or_behind_its_checkpoint_is_put_back_from
            "round-000002" in hpcfl_log.text
     path.write_bytes(copy[:len(copy) // 2])                                    # torn
     assert resume_point(job) == (True, 2, root / "round-000002") and path.read_bytes() == copy
-    (root / "round-000002" / "results.h5").write_bytes(b"damaged")
+    assert path.with_name(path.name + ".damaged-2").read_bytes() == copy[:len(copy) // 2]   # the first kept too
+    (root / "round-000002" / "results.h5.copy").write_bytes(b"damaged")
     path.write_bytes(b"torn")
     with pytest.raises(ResultsError, match="cannot be read as HDF5"):
         resume_point(job)
@@ -394,7 +397,8 @@ def test_every_rank_writes_its_part_of_a_checkpoint_of_the_job(tmp_path, hpcfl_l
     assert load(directory, "shared.pt") == {"widths": [2]} and load(directory, "server.pt")["model"]["w"].item() == 1
     files = json.loads((directory / MANIFEST).read_text())["files"]
     assert load_clients(directory, files, {4})[0][4]["algorithm"]["scaffold"]["c"].tolist() == [3.0] * 3
-    assert (directory / "results.h5").read_bytes() == job.config.result_path.read_bytes() and "results.h5" in files
+    assert (directory / "results.h5.copy").read_bytes() == job.config.result_path.read_bytes()
+    assert "results.h5.copy" in files
     assert re.fullmatch(r"checkpoint after round 2 written in \d+\.\d\d s", hpcfl_log.messages[0])
     job.server, job.worker, job.recorder = None, None, None          # a rank with neither writes an empty client file
     save_board = []

@@ -135,9 +135,11 @@ def test_a_round_records_the_cohorts_metrics_the_sample_weighted_loss_and_the_wo
 
 
 def test_a_client_that_took_no_step_has_no_loss_in_the_round_or_its_own():
-    """A BatchNorm model skips a one-sample batch: its client trains no step and its trainer's 0.0 is no loss."""
+    """A BatchNorm model skips a one-sample batch: its client trains no step and its trainer's 0.0 is no loss.
+    A client reporting no steps at all (a plug-in's own loop: NaN) still counts."""
     flat = _round_rows()
     flat[2 * len(CLIENT_METRICS) + CLIENT_COLUMN["steps"]], flat[2 * len(CLIENT_METRICS)] = 0, 0.0    # client 2
+    flat[CLIENT_COLUMN["steps"]] = np.nan                                                               # client 0
     job = _job(size=3, client_metrics=("train_loss", "steps"))
     record(job, 1, {0: 1, 2: 2, 3: 1}, flat, {}, {}, {}, 1.0)
     [(_, values)] = job.recorder.rounds
