@@ -286,6 +286,28 @@ def test_a_result_file_left_unreadable_or_behind_its_checkpoint_is_put_back_from
         resume_point(job)
 
 
+def test_a_resume_names_the_first_three_keys_that_differ_and_refuses_another_split(tmp_path):
+    from hpcfl.metrics import Recorder
+    from hpcfl.runtime.resume import mismatch, same_split
+    config = _config(tmp_path)
+    recorded = json.loads(config.to_json())
+    assert mismatch(recorded, config) == ""
+    assert mismatch(recorded, _config(tmp_path, lr=0.1, rounds=5)) == \
+        "run.rounds: 4 in the file, 5 here; train.lr: 0.01 in the file, 0.1 here"
+    four = _config(tmp_path, lr=0.1, rounds=5, seed=3, data={"num_clients": 27})
+    assert mismatch(recorded, four) == ("data.num_clients: 20 in the file, 27 here; run.rounds: 4 in the file, 5 here; "
+                                        "run.seed: 0 in the file, 3 here; and 1 more")
+    three = _config(tmp_path, lr=0.1, rounds=5, seed=3)
+    assert mismatch(recorded, three).endswith("train.lr: 0.01 in the file, 0.1 here")
+    counts = np.array([[2, 1], [0, 3]])
+    Recorder.create(config.result_path, {}, {"partition": counts}).close()
+    same_split(config.result_path, counts.copy())                                # the same split: resumed
+    with pytest.raises(ResultsError, match="was written with another split of the data"):
+        same_split(config.result_path, counts[::-1])
+    Recorder.create(tmp_path / "old.h5", {}).close()
+    same_split(tmp_path / "old.h5", counts)                                      # a file without it: not checked
+
+
 def test_a_result_path_that_a_link_leads_out_of_the_results_root_is_refused(tmp_path, unlocked):
     from hpcfl.runtime.resume import resume_point
     config = _config(tmp_path)
