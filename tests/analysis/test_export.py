@@ -253,3 +253,10 @@ def test_files_of_one_export_with_the_same_study_and_run_keep_a_run_each(tmp_pat
         folder = tmp_path / "tb" / "s" / named[root]
         assert len(list(folder.iterdir())) == 1                     # one event file: replaced, not added to
         assert [e.value for e in _read(folder).Scalars("round/train_loss")] == [loss]
+    with Recorder.create(tmp_path / "a" / "s" / "torn.h5", {"study": "s", "run": "torn", "config": {}}) as recorder:
+        recorder.append_round(0, {"round/train_loss": 1.0})
+    with h5py.File(tmp_path / "a" / "s" / "torn.h5", "r+") as file:    # its attributes read, its rounds do not
+        file.attrs["committed_rounds"] = 5
+    from hpcfl.analysis.export import export
+    written, problems = export([tmp_path / "a"], tmp_path / "tb3")
+    assert len(written) == 2 and len(problems) == 1 and "torn.h5: round/train_loss holds 1 rounds" in problems[0]
