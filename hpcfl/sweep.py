@@ -313,10 +313,10 @@ def submit(args, indices: list[int], count: int, launch_args: list[str], sbatch_
         return Exit.DONE
     # where the script finds site.sh: beside the script as named (a link to hpcfl's own keeps this folder's)
     env = {**os.environ, "HPCFL_SLURM": str(script.absolute().parent)}
-    parts = arrays(indices, max_array_size())
+    parts, job_digest = arrays(indices, max_array_size()), digest(args.job)
     for n, (base, tasks) in enumerate(parts, 1):
         array = f"--array={array_spec(tasks)}" + (f"%{args.max_concurrent}" if args.max_concurrent else "")
-        command = ["sbatch", array, *sbatch_args, str(script), args.job, "--job-digest", digest(args.job),
+        command = ["sbatch", array, *sbatch_args, str(script), args.job, "--job-digest", job_digest,
                    *(["--index-base", str(base)] if base else []), *launch_args]
         part = f" (array {n} of {len(parts)})" if len(parts) > 1 else ""
         print(f"hpcfl: {count} points{done}{part}: {shlex.join(command)}", flush=True)
